@@ -1,0 +1,32 @@
+"""hpckpt: checkpoint/restart for MPI jobs.
+
+``import hpckpt`` imports neither h5py nor adios2 nor cupy; backends import their
+library when first used.
+"""
+
+from .checkpointer import Checkpointer
+from .errors import (
+    CheckpointFallbackWarning,
+    CollectiveError,
+    CorruptCheckpointError,
+    HpckptError,
+    InvalidStateError,
+    StateMismatchError,
+)
+from .model.leaves import Distributed, Local, Replicated
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointFallbackWarning",
+    "Checkpointer",
+    "CollectiveError",
+    "CorruptCheckpointError",
+    "Distributed",
+    "HpckptError",
+    "InvalidStateError",
+    "Local",
+    "Replicated",
+    "StateMismatchError",
+    "__version__",
+]

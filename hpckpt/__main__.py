@@ -1,0 +1,7 @@
+"""``python -m hpckpt``: the same as the ``hpckpt`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

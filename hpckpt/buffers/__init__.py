@@ -1,0 +1,1 @@
+"""Moving array leaves between the application's buffers and host memory."""

@@ -1,0 +1,141 @@
+"""The public entry point: :class:`Checkpointer`."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .protocols import PLANNED_PROTOCOLS, PROTOCOLS
+from .protocols.coordinated import SaveReport, save_coordinated
+from .recovery.restart import list_committed_steps, restore_newest
+from .storage import open_backend
+from .storage.commit import RunDirectory
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+class Checkpointer:
+    """Save and restore the state of an MPI job in a run directory.
+
+    Collective over ``comm``: every rank creates it, calls each method in the same
+    order with the same arguments (except each rank's own state), and closes it.
+    The constructor duplicates ``comm``, so hpckpt's messages never mix with the
+    application's.
+
+    Parameters
+    ----------
+    directory
+        The run directory; committed steps are ``directory/step-NNNNNNNN``.
+    comm
+        The communicator of the ranks that save together (default ``COMM_WORLD``).
+    backend
+        ``"hdf5"``: one parallel HDF5 file per step.
+    protocol
+        ``"coordinated"``: all ranks save the same step in one call.
+    keep
+        How many of the newest committed steps to keep (at least 1). Older ones are
+        deleted, only after a new step has been committed.
+
+    Examples
+    --------
+    >>> with hpckpt.Checkpointer("ckpt", comm=MPI.COMM_WORLD) as ckpt:  # doctest: +SKIP
+    ...     state = {"u": hpckpt.Distributed(u, global_shape=(n, n), offset=(r0, 0)), "it": 0}
+    ...     start = ckpt.restore(state) or 0
+    ...     for it in range(start, iters):
+    ...         ...
+    ...         state["it"] = it + 1
+    ...         ckpt.save(it + 1, state)
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        comm: MPI.Comm | None = None,
+        backend: str = "hdf5",
+        protocol: str = "coordinated",
+        keep: int = 3,
+    ) -> None:
+        if protocol in PLANNED_PROTOCOLS:
+            raise ValueError(f"protocol {protocol!r} is not implemented yet; available: {', '.join(PROTOCOLS)}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+        if comm is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+        self.run_dir = RunDirectory(directory)
+        self.protocol = protocol
+        self.keep = keep
+        self.backend = open_backend(backend)
+        self.comm = comm.Dup()
+        self.last_save: SaveReport | None = None
+        self.save_seconds = 0.0
+        self.saves = 0
+
+    def save(self, step: int, state: Any) -> None:
+        """Save ``state`` as checkpoint ``step`` and commit it.
+
+        Collective over ``comm``: all ranks must call with the same ``step``, and trees
+        of the same structure (each rank passes its own arrays).
+
+        Raises
+        ------
+        CollectiveError
+            On every rank, when any rank failed; the previous committed step is kept.
+        InvalidStateError
+            On every rank, when the tree or the ranks' boxes are malformed.
+        """
+        report = save_coordinated(self.comm, self.run_dir, self.backend, int(step), state, keep=self.keep)
+        self.last_save = report
+        self.saves += 1
+        self.save_seconds += sum(report.seconds.values())
+
+    def restore(self, state: Any) -> int | None:
+        """Fill ``state`` from the newest committed step that verifies.
+
+        Collective over ``comm``. Arrays in the tree are filled in place; plain values
+        in dicts and lists are replaced. A corrupt newest step is reported with a
+        :class:`~hpckpt.errors.CheckpointFallbackWarning` and an older one is used.
+
+        Returns
+        -------
+        int or None
+            The restored step, or None when there is no committed step yet.
+
+        Raises
+        ------
+        StateMismatchError
+            On every rank, when the tree differs from the checkpoint (missing or extra
+            leaf, other kind, shape, dtype, box or number of ranks).
+        CorruptCheckpointError
+            On every rank, when no committed step verifies.
+        """
+        return restore_newest(self.comm, self.run_dir, self.backend, state)
+
+    def steps(self) -> list[int]:
+        """Committed steps, oldest first. Collective over ``comm``."""
+        return list_committed_steps(self.comm, self.run_dir)
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None. Collective over ``comm``."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def close(self) -> None:
+        """Release the duplicated communicator. Collective over ``comm``."""
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

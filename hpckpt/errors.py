@@ -1,0 +1,55 @@
+"""Exceptions raised by hpckpt.
+
+Every error derives from :class:`HpckptError` and, where one fits, from the builtin it
+resembles, so ``except FileNotFoundError`` keeps working in user code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class HpckptError(Exception):
+    """Base class of every error hpckpt raises on purpose."""
+
+
+class InvalidStateError(HpckptError, ValueError):
+    """The state tree handed to save or restore is malformed (bad leaf, key or box)."""
+
+
+class StateMismatchError(HpckptError, ValueError):
+    """The state tree does not match the checkpoint being restored."""
+
+
+class CorruptCheckpointError(HpckptError, ValueError):
+    """Stored data failed verification (checksum, missing dataset, unreadable file)."""
+
+
+class CollectiveError(HpckptError, RuntimeError):
+    """One or more ranks failed in a collective phase; raised identically on every rank.
+
+    Parameters
+    ----------
+    phase
+        Name of the phase that failed, such as ``"save step 10: write"``.
+    failures
+        For each failing rank, a one-line description of its exception.
+    size
+        Number of ranks in the communicator.
+    """
+
+    def __init__(self, phase: str, failures: Mapping[int, str], size: int) -> None:
+        self.phase = phase
+        self.failures = dict(sorted(failures.items()))
+        self.size = size
+        ranks = ", ".join(str(rank) for rank in self.failures)
+        lines = [f"phase {phase!r} failed on rank(s) {ranks} of {size}:"]
+        lines += [f"  rank {rank}: {text}" for rank, text in self.failures.items()]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):  # keep pickling (e.g. multiprocessing) working
+        return (type(self), (self.phase, self.failures, self.size))
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """The newest committed step failed verification; an older step is used instead."""

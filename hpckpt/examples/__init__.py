@@ -1,0 +1,1 @@
+"""Runnable scientific codes that use hpckpt (``python -m hpckpt.examples.heat``)."""

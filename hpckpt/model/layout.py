@@ -1,0 +1,102 @@
+"""Save plans: what each rank holds, and the merged, validated layout of a step.
+
+Every rank builds a :class:`RankPlan` of its own leaves; after an allgather every rank
+merges the same list of plans with :func:`merge_plans`, so all of them reach the same
+layout or raise the same error without another round of messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidStateError
+from .boxes import check_tiling
+from .manifest import Block, LeafRecord
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+    """One rank's view of one array leaf."""
+
+    path: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: tuple[int, ...]
+    global_shape: tuple[int, ...] | None
+    checksum: str
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything one rank contributes to a step: array leaves and plain values."""
+
+    leaves: tuple[LeafPlan, ...]
+    values: dict[str, Any]
+
+
+def merge_plans(plans: Sequence[RankPlan]) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:
+    """Merge the plans of all ranks (indexed by rank) into leaf records and values.
+
+    Raises
+    ------
+    InvalidStateError
+        When ranks disagree on the tree, a leaf's kind, dtype or global shape, a
+        replicated array or a plain value, or when distributed boxes do not tile
+        their global array. The message names the leaf and the ranks.
+    """
+    reference = plans[0]
+    for rank, plan in enumerate(plans[1:], start=1):
+        _check_same_tree(reference, plan, rank)
+    records = tuple(_merge_leaf([plan.leaves[i] for plan in plans]) for i in range(len(reference.leaves)))
+    return records, dict(reference.values)
+
+
+def _check_same_tree(reference: RankPlan, plan: RankPlan, rank: int) -> None:
+    ours = {leaf.path: leaf.kind for leaf in reference.leaves}
+    theirs = {leaf.path: leaf.kind for leaf in plan.leaves}
+    if ours != theirs:
+        only_0 = sorted(set(ours) - set(theirs))
+        only_r = sorted(set(theirs) - set(ours))
+        kinds = sorted(p for p in set(ours) & set(theirs) if ours[p] != theirs[p])
+        raise InvalidStateError(
+            f"ranks 0 and {rank} pass different state trees: array leaves only on rank 0: {only_0}, "
+            f"only on rank {rank}: {only_r}, of different kinds: {kinds}"
+        )
+    if set(reference.values) != set(plan.values):
+        differ = sorted(set(reference.values) ^ set(plan.values))
+        raise InvalidStateError(f"ranks 0 and {rank} pass different plain values: {differ} are not on both")
+    for path, value in reference.values.items():
+        if plan.values[path] != value or type(plan.values[path]) is not type(value):
+            raise InvalidStateError(
+                f"plain value {path!r} is {value!r} on rank 0 but {plan.values[path]!r} on rank {rank}; "
+                "plain values must agree on every rank (wrap per-rank data in hpckpt.Local)"
+            )
+
+
+def _merge_leaf(per_rank: list[LeafPlan]) -> LeafRecord:
+    first = per_rank[0]
+    for rank, leaf in enumerate(per_rank):
+        if leaf.dtype != first.dtype:
+            raise InvalidStateError(
+                f"{first.kind} leaf {first.path!r} has dtype {first.dtype} on rank 0 but {leaf.dtype} on rank {rank}"
+            )
+        if first.kind == "distributed" and leaf.global_shape != first.global_shape:
+            raise InvalidStateError(
+                f"distributed leaf {first.path!r} has global_shape {first.global_shape} on rank 0 "
+                f"but {leaf.global_shape} on rank {rank}"
+            )
+        if first.kind == "replicated" and (leaf.shape, leaf.checksum) != (first.shape, first.checksum):
+            raise InvalidStateError(
+                f"replicated leaf {first.path!r} differs between rank 0 (shape {first.shape}) and rank {rank} "
+                f"(shape {leaf.shape}); replicated arrays must be identical on every rank"
+            )
+    if first.kind == "replicated":
+        blocks = (Block(0, (0,) * len(first.shape), first.shape, first.checksum),)
+        return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks)
+    blocks = tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum) for rank, leaf in enumerate(per_rank))
+    if first.kind == "distributed":
+        check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks})
+    return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks)

@@ -1,0 +1,112 @@
+"""Leaf wrappers that say how an array in the state tree is shared between ranks."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from ..errors import InvalidStateError
+
+
+def _as_shape(values: Any, what: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(operator.index(v) for v in values)
+    except TypeError as exc:
+        raise InvalidStateError(f"{what} must be a sequence of integers, got {values!r}") from exc
+    if any(v < 0 for v in shape):
+        raise InvalidStateError(f"{what} must not be negative, got {shape}")
+    return shape
+
+
+def array_shape(array: Any) -> tuple[int, ...]:
+    """Return the shape of any array-like that has a ``shape`` attribute."""
+    try:
+        return tuple(int(n) for n in array.shape)
+    except AttributeError as exc:
+        raise InvalidStateError(
+            f"expected an array (NumPy, CuPy, DLPack or buffer protocol), got {type(array).__name__}"
+        ) from exc
+
+
+class Local:
+    """Per-rank data of any size (RNG state, particle lists): one block per rank.
+
+    Parameters
+    ----------
+    array
+        This rank's array; its shape may differ from rank to rank, its dtype may not.
+    """
+
+    kind = "local"
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.shape = array_shape(array)
+
+    def __repr__(self) -> str:
+        return f"Local(shape={self.shape})"
+
+
+class Replicated:
+    """An array that is identical on every rank; written once, verified on restore.
+
+    Parameters
+    ----------
+    array
+        The same array on every rank (save checks that the bytes agree).
+    """
+
+    kind = "replicated"
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.shape = array_shape(array)
+
+    def __repr__(self) -> str:
+        return f"Replicated(shape={self.shape})"
+
+
+class Distributed:
+    """This rank's box of a global array; together the ranks' boxes tile it exactly.
+
+    Parameters
+    ----------
+    array
+        This rank's block, of shape ``box`` (may be empty, may be a non-contiguous view).
+    global_shape
+        Shape of the whole array.
+    offset
+        Index of this block's first element in the whole array.
+
+    Raises
+    ------
+    InvalidStateError
+        When the block does not fit inside ``global_shape`` at ``offset``.
+    """
+
+    kind = "distributed"
+
+    def __init__(self, array: Any, *, global_shape: Any, offset: Any) -> None:
+        self.array = array
+        self.shape = array_shape(array)
+        self.global_shape = _as_shape(global_shape, "global_shape")
+        self.offset = _as_shape(offset, "offset")
+        ndim = len(self.shape)
+        if len(self.global_shape) != ndim or len(self.offset) != ndim:
+            raise InvalidStateError(
+                f"Distributed block has {ndim} dimension(s) but global_shape="
+                f"{self.global_shape} and offset={self.offset}; all three must agree"
+            )
+        for dim, (start, count, total) in enumerate(zip(self.offset, self.shape, self.global_shape)):
+            if start + count > total:
+                raise InvalidStateError(
+                    f"Distributed block of shape {self.shape} at offset {self.offset} does not fit "
+                    f"in global_shape {self.global_shape} (dimension {dim}: {start}+{count} > {total})"
+                )
+
+    def __repr__(self) -> str:
+        return f"Distributed(shape={self.shape}, global_shape={self.global_shape}, offset={self.offset})"
+
+
+ArrayLeaf = Distributed | Local | Replicated
+ARRAY_LEAF_TYPES = (Distributed, Local, Replicated)

@@ -1,0 +1,125 @@
+"""The manifest: a versioned JSON description of one committed checkpoint step.
+
+A manifest is enough to plan a restore without opening the data files: it records
+every leaf's path, kind, dtype, global shape, the block each rank wrote, where that
+block lives, and the block's checksum.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import CorruptCheckpointError
+
+FORMAT_NAME = "hpckpt-manifest"
+FORMAT_VERSION = 1
+LEAF_KINDS = ("distributed", "local", "replicated")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One rank's block of a leaf: its box (``offset`` is empty for local leaves)."""
+
+    rank: int
+    offset: tuple[int, ...]
+    shape: tuple[int, ...]
+    checksum: str
+
+
+@dataclass(frozen=True)
+class LeafRecord:
+    """Everything stored about one array leaf."""
+
+    path: str
+    kind: str
+    dtype: str
+    global_shape: tuple[int, ...] | None
+    blocks: tuple[Block, ...]
+    location: dict[str, str] = field(default_factory=dict)
+
+    def block_of(self, rank: int) -> Block:
+        """Return the block written by ``rank`` (for replicated leaves: the one block)."""
+        if self.kind == "replicated":
+            return self.blocks[0]
+        for block in self.blocks:
+            if block.rank == rank:
+                return block
+        raise KeyError(f"leaf {self.path!r} has no block of rank {rank}")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Description of one committed step; written last, by rank 0."""
+
+    step: int
+    protocol: str
+    backend: str
+    world_size: int
+    checksum_algorithm: str
+    leaves: tuple[LeafRecord, ...]
+    values: dict[str, Any]
+    created: float
+    committed: float
+    files: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        """Serialise to JSON text (sorted keys, one manifest per file)."""
+        body = asdict(self)
+        body = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **body}
+        return json.dumps(body, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, source: str) -> Manifest:
+        """Parse and validate manifest text read from ``source``.
+
+        Raises
+        ------
+        CorruptCheckpointError
+            When the text is not a manifest of a version this hpckpt reads; the
+            message names ``source`` and what was wrong.
+        """
+        try:
+            body = json.loads(text)
+            if body.get("format") != FORMAT_NAME:
+                raise ValueError(f"format is {body.get('format')!r}, expected {FORMAT_NAME!r}")
+            if body.get("version") != FORMAT_VERSION:
+                raise ValueError(f"version {body.get('version')!r}; this hpckpt reads version {FORMAT_VERSION}")
+            leaves = tuple(_leaf_from_dict(leaf) for leaf in body["leaves"])
+            return cls(
+                step=int(body["step"]),
+                protocol=str(body["protocol"]),
+                backend=str(body["backend"]),
+                world_size=int(body["world_size"]),
+                checksum_algorithm=str(body["checksum_algorithm"]),
+                leaves=leaves,
+                values=dict(body["values"]),
+                created=float(body["created"]),
+                committed=float(body["committed"]),
+                files=tuple(body.get("files", ())),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
+
+
+def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
+    if leaf["kind"] not in LEAF_KINDS:
+        raise ValueError(f"leaf {leaf.get('path')!r} has unknown kind {leaf['kind']!r}")
+    global_shape = leaf["global_shape"]
+    return LeafRecord(
+        path=str(leaf["path"]),
+        kind=leaf["kind"],
+        dtype=str(leaf["dtype"]),
+        global_shape=None if global_shape is None else tuple(int(n) for n in global_shape),
+        blocks=tuple(
+            Block(
+                rank=int(block["rank"]),
+                offset=tuple(int(n) for n in block["offset"]),
+                shape=tuple(int(n) for n in block["shape"]),
+                checksum=str(block["checksum"]),
+            )
+            for block in leaf["blocks"]
+        ),
+        location={str(k): str(v) for k, v in leaf.get("location", {}).items()},
+    )

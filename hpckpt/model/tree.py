@@ -1,0 +1,83 @@
+"""Flattening a state tree (nested dicts and lists) into addressed leaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidStateError
+from .leaves import ARRAY_LEAF_TYPES
+
+PLAIN_TYPES = (bool, int, float, str, type(None))
+_RESERVED_KEYS = {"", ".", ".."}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a leaf lives: its path and the container entry that holds it."""
+
+    path: str
+    container: dict | list
+    key: Any
+    value: Any
+
+    def replace(self, value: Any) -> None:
+        """Put ``value`` where this leaf was (restores plain values in place)."""
+        self.container[self.key] = value
+
+
+def _check_key(key: Any, parent: str) -> str:
+    where = parent or "the top level"
+    if not isinstance(key, str):
+        raise InvalidStateError(f"state keys must be strings; key {key!r} at {where} is {type(key).__name__}")
+    if key in _RESERVED_KEYS or "/" in key:
+        raise InvalidStateError(f"state key {key!r} at {where} is not allowed (empty, '.', '..' or contains '/')")
+    return key
+
+
+def is_plain(value: Any) -> bool:
+    """True for values stored as JSON in the manifest (int, float, str, bool, None)."""
+    return isinstance(value, PLAIN_TYPES)
+
+
+def flatten(state: Any) -> list[Slot]:
+    """Return the leaves of ``state`` in a deterministic order (dict keys sorted).
+
+    Raises
+    ------
+    InvalidStateError
+        For a key that is not a usable string, or a leaf that is neither an
+        hpckpt array leaf nor a plain JSON value (the message names its path).
+    """
+    if not isinstance(state, (dict, list)):
+        raise InvalidStateError(f"the state must be a dict or list, got {type(state).__name__}")
+    slots: list[Slot] = []
+    _walk(state, "", slots)
+    return slots
+
+
+def _walk(node: dict | list, prefix: str, slots: list[Slot]) -> None:
+    if isinstance(node, dict):
+        items = [(_check_key(key, prefix), key) for key in node]
+        entries = [(name, key) for name, key in sorted(items)]
+    else:
+        entries = [(str(index), index) for index in range(len(node))]
+    for name, key in entries:
+        path = f"{prefix}/{name}" if prefix else name
+        value = node[key]
+        if isinstance(value, (dict, list)):
+            _walk(value, path, slots)
+        elif isinstance(value, ARRAY_LEAF_TYPES) or is_plain(value):
+            slots.append(Slot(path, node, key, value))
+        elif hasattr(value, "item") and getattr(value, "shape", None) == ():
+            slots.append(Slot(path, node, key, value.item()))  # NumPy scalar
+        elif hasattr(value, "shape"):
+            raise InvalidStateError(
+                f"leaf {path!r} is a bare {type(value).__name__}; wrap it in hpckpt.Distributed, "
+                "hpckpt.Local or hpckpt.Replicated to say how it is shared between ranks"
+            )
+        else:
+            raise InvalidStateError(
+                f"leaf {path!r} has unsupported type {type(value).__name__}; expected a dict, list, "
+                "hpckpt array leaf, or int/float/str/bool/None"
+            )

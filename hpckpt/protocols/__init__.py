@@ -1,0 +1,4 @@
+"""Checkpoint protocols: when ranks take a consistent cut (no byte layout here)."""
+
+PROTOCOLS = ("coordinated",)
+PLANNED_PROTOCOLS = ("uncoordinated",)

@@ -1,0 +1,173 @@
+"""The coordinated save: all ranks save the same step in one call, committed globally.
+
+Phases (each agreed by :func:`hpckpt._comm.run_phase`, so a failure on any rank
+raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
+
+1. ``plan``: check the step, flatten the tree, stage arrays to contiguous host
+   memory and checksum them; gather every rank's plan; every rank merges the same
+   plans and validates the layout (same error everywhere when it is wrong).
+2. ``prepare``: rank 0 makes ``step-N.tmp``.
+3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
+   with a clear message, since the others may be waiting inside collective I/O.
+4. ``commit``: rank 0 fsyncs, writes the manifest last and renames the step into
+   place; then ``retain`` deletes old steps (only after a successful commit).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._comm import describe_failure, gather_phase, run_phase
+from ..buffers.host import as_host_array
+from ..checksum import ALGORITHM, block_checksum
+from ..errors import InvalidStateError
+from ..model.leaves import ARRAY_LEAF_TYPES
+from ..model.layout import LeafPlan, RankPlan, merge_plans
+from ..model.manifest import Manifest
+from ..model.tree import flatten
+from ..storage.base import Backend
+from ..storage.commit import RunDirectory
+from ..testing import faults
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What one save did: its step, bytes this rank staged, and phase timings (s)."""
+
+    step: int
+    local_bytes: int
+    seconds: dict[str, float]
+    deleted_steps: tuple[int, ...]
+
+
+def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
+    """Flatten ``state`` and stage its arrays: this rank's plan and host arrays.
+
+    Not collective.
+    """
+    leaves = []
+    arrays: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
+    for slot in flatten(state):
+        leaf = slot.value
+        if not isinstance(leaf, ARRAY_LEAF_TYPES):
+            values[slot.path] = leaf
+            continue
+        host = as_host_array(leaf.array, slot.path)
+        arrays[slot.path] = host
+        is_distributed = leaf.kind == "distributed"
+        leaves.append(
+            LeafPlan(
+                path=slot.path,
+                kind=leaf.kind,
+                dtype=host.dtype.str,
+                shape=host.shape,
+                offset=leaf.offset if is_distributed else (),
+                global_shape=leaf.global_shape if is_distributed else None,
+                checksum=block_checksum(host),
+            )
+        )
+    return RankPlan(tuple(leaves), values), arrays
+
+
+def save_coordinated(
+    comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, step: int, state: Any, *, keep: int
+) -> SaveReport:
+    """Save ``state`` as step ``step`` and commit it (see the module docstring).
+
+    Collective over ``comm``: all ranks must call with the same ``step``.
+    """
+    rank = comm.rank
+    created = time.time()
+    seconds: dict[str, float] = {}
+    staged: dict[str, np.ndarray] = {}
+
+    def timed(name: str, action: Callable[[], Any], agree: Callable[..., Any] = run_phase) -> Any:
+        start = time.perf_counter()
+        try:
+            return agree(comm, f"save step {step}: {name}", action)
+        finally:
+            seconds[name] = time.perf_counter() - start
+
+    def plan() -> tuple[int, RankPlan]:
+        faults.point("save.plan", rank)
+        rank_plan, arrays = plan_local(state)
+        staged.update(arrays)
+        return step, rank_plan
+
+    gathered = timed("plan", plan, gather_phase)
+    steps = {rank_step for rank_step, _ in gathered}
+    if len(steps) > 1:
+        per_rank = ", ".join(f"rank {r}: {s}" for r, (s, _) in enumerate(gathered))
+        raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
+    records, values = merge_plans([rank_plan for _, rank_plan in gathered])
+    records = tuple(replace(record, location=backend.location(record)) for record in records)
+
+    timed("prepare", lambda: run_dir.prepare(step) if rank == 0 else None)
+    temp = run_dir.temp_path(step)
+
+    def write() -> list[str]:
+        try:
+            faults.point("save.write", rank)
+            return backend.write(comm, temp, records, staged)
+        except Exception as exc:
+            abort_from_collective_io(comm, f"save step {step}: write", exc)
+            raise
+
+    files = timed("write", write)
+    manifest = Manifest(
+        step=step,
+        protocol="coordinated",
+        backend=backend.name,
+        world_size=comm.size,
+        checksum_algorithm=ALGORITHM,
+        leaves=records,
+        values=values,
+        created=created,
+        committed=time.time(),
+        files=tuple(files),
+    )
+
+    def commit() -> None:
+        faults.point("save.commit", rank)
+        if rank == 0:
+            run_dir.commit(manifest)
+
+    timed("commit", commit)
+
+    def retain() -> list[int]:
+        faults.point("save.retain", rank)
+        return run_dir.retain(keep) if rank == 0 else []
+
+    deleted = timed("retain", retain, gather_phase)[0]
+    local_bytes = sum(array.nbytes for array in staged.values())
+    return SaveReport(step, local_bytes, seconds, tuple(deleted))
+
+
+def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> None:
+    """Abort the job: a rank failed inside collective I/O, where peers may be waiting.
+
+    Prints which rank failed, where and why, then calls ``MPI_Abort`` on ``comm``.
+    Single-rank communicators raise instead, as nobody can be left waiting.
+    """
+    if comm.size == 1:
+        return
+    print(
+        f"hpckpt: {describe_failure(exc, comm.rank)} in phase {phase!r} during collective I/O; "
+        "aborting the job because the other ranks may be waiting in that I/O. "
+        "The previous committed step is untouched.",
+        file=sys.stderr,
+    )
+    traceback.print_exc()
+    sys.stderr.flush()
+    comm.Abort(1)

@@ -1,0 +1,1 @@
+"""Recovery: restoring the newest good step, and relaunching failed jobs."""

@@ -1,0 +1,125 @@
+"""The commit strategy: a step exists only once it is durable and renamed into place.
+
+On disk, a run directory holds::
+
+    step-00000010/            committed: data files + manifest.json
+    step-00000020.tmp/        being written (or left by a crash): never restored
+    step-00000005.deleting/   being removed by retention: never restored
+
+The sequence for step N (rank 0 does every call here; others only write data):
+``prepare(N)`` makes an empty ``step-N.tmp``; the backend writes into it; ``commit``
+fsyncs the data files, writes ``manifest.json`` last, fsyncs it and the directory,
+renames ``step-N.tmp`` to ``step-N`` and fsyncs the run directory. A crash at any
+moment leaves either the old set of committed steps or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from ..model.manifest import Manifest
+
+MANIFEST_NAME = "manifest.json"
+_STEP_NAME = re.compile(r"^step-(\d{8,})$")
+_TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RunDirectory:
+    """The committed steps of one run, and the file operations that commit them.
+
+    Not collective: the protocol calls these methods on rank 0 only and shares the
+    results.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def step_path(self, step: int) -> Path:
+        """The directory of committed step ``step``."""
+        return self.root / f"step-{step:08d}"
+
+    def temp_path(self, step: int) -> Path:
+        """The directory step ``step`` is written into before its commit."""
+        return self.root / f"step-{step:08d}.tmp"
+
+    def manifest_path(self, step: int) -> Path:
+        """The manifest of committed step ``step``."""
+        return self.step_path(step) / MANIFEST_NAME
+
+    def committed_steps(self) -> list[int]:
+        """Steps whose directory is in place with a manifest, oldest first."""
+        if not self.root.is_dir():
+            return []
+        steps = []
+        for entry in os.scandir(self.root):
+            match = _STEP_NAME.match(entry.name)
+            if match and os.path.exists(os.path.join(entry.path, MANIFEST_NAME)):
+                steps.append(int(match.group(1)))
+        return sorted(steps)
+
+    def prepare(self, step: int) -> Path:
+        """Create an empty temporary directory for ``step`` (removing a stale one)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        temp = self.temp_path(step)
+        if temp.exists():
+            shutil.rmtree(temp)
+        temp.mkdir()
+        return temp
+
+    def commit(self, manifest: Manifest) -> Path:
+        """Make ``manifest.step`` durable and visible: fsync, manifest last, rename.
+
+        A committed step of the same number (saved again after a restart) is replaced.
+        """
+        step = manifest.step
+        temp = self.temp_path(step)
+        for name in manifest.files:
+            _fsync_path(temp / name)
+        manifest_file = temp / MANIFEST_NAME
+        with open(manifest_file, "w", encoding="utf-8") as handle:
+            handle.write(manifest.to_json())
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_path(temp)
+        final = self.step_path(step)
+        replaced = final.with_name(final.name + ".replaced")
+        if final.exists():
+            os.replace(final, replaced)
+        os.replace(temp, final)
+        _fsync_path(self.root)
+        if replaced.exists():
+            shutil.rmtree(replaced)
+        return final
+
+    def retain(self, keep: int) -> list[int]:
+        """Delete all but the newest ``keep`` committed steps, and leftovers of crashes.
+
+        Each step is first renamed to ``*.deleting`` so a crash mid-delete never
+        leaves a half-deleted step that looks committed. Returns the deleted steps.
+        """
+        steps = self.committed_steps()
+        doomed = steps[:-keep] if keep > 0 else steps
+        for step in doomed:
+            path = self.step_path(step)
+            deleting = path.with_name(path.name + ".deleting")
+            os.replace(path, deleting)
+            shutil.rmtree(deleting)
+        for entry in os.scandir(self.root):
+            if entry.name.startswith("step-") and entry.name.endswith(_TRANSIENT_SUFFIXES):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        return doomed
+
+    def read_manifest(self, step: int) -> str:
+        """The text of committed step ``step``'s manifest."""
+        return self.manifest_path(step).read_text(encoding="utf-8")

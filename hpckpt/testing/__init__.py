@@ -1,0 +1,1 @@
+"""Helpers for testing codes that use hpckpt: fault injection at named points."""

@@ -1,0 +1,51 @@
+"""Fault injection at named points of the save and restore sequences.
+
+Set ``HPCKPT_FAULT=POINT:RANK:ACTION[:NTH]`` to make rank ``RANK`` (of
+``COMM_WORLD``) act at the ``NTH`` (default 1st) time it reaches ``POINT``:
+
+- ``kill``: SIGKILL itself (a node or process failure);
+- ``raise``: raise :class:`InjectedFault` (a software error on one rank).
+
+Faults fire only on the first attempt of a relaunched job (``HPCKPT_ATTEMPT`` unset
+or ``0``), so ``hpckpt run`` can then finish the job. Points: ``save.plan``,
+``save.write``, ``save.commit``, ``save.retain``, ``restore.read``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+ENV = "HPCKPT_FAULT"
+ACTIONS = ("kill", "raise")
+_reached: Counter[str] = Counter()
+
+
+class InjectedFault(RuntimeError):
+    """The error an injected ``raise`` fault raises."""
+
+
+def first_attempt() -> bool:
+    """True unless ``hpckpt run`` is relaunching the job (``HPCKPT_ATTEMPT`` > 0)."""
+    return os.environ.get("HPCKPT_ATTEMPT", "0") in ("", "0")
+
+
+def point(name: str, rank: int) -> None:
+    """Mark that ``rank`` reached point ``name``; act if ``HPCKPT_FAULT`` asks to."""
+    spec = os.environ.get(ENV)
+    if not spec or not first_attempt():
+        return
+    fields = spec.split(":")
+    if len(fields) not in (3, 4) or fields[2] not in ACTIONS:
+        raise ValueError(f"{ENV}={spec!r}: expected POINT:RANK:ACTION[:NTH] with ACTION one of {ACTIONS}")
+    target, target_rank, action = fields[0], int(fields[1]), fields[2]
+    nth = int(fields[3]) if len(fields) == 4 else 1
+    if name != target or rank != target_rank:
+        return
+    _reached[name] += 1
+    if _reached[name] != nth:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFault(f"injected fault at {name} on rank {rank} ({ENV}={spec})")

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Install everything hpckpt needs to run and test, idempotently.
+#
+#   bash tools/install.sh            (what `make install` runs)
+#
+# - As root on Debian/Ubuntu, installs MPICH, its parallel HDF5 and hdf5-tools with apt
+#   when they are missing. Not root, or HPCKPT_SKIP_APT=1: uses what exists (an HPC
+#   site's `module load mpi hdf5`): honours MPICC and HDF5_DIR (or HDF5_PKGCONFIG_NAME).
+# - Creates .venv (HPCKPT_VENV) and installs numpy, pytest, pytest-mpi, mpi4py built
+#   against that MPI, h5py built with MPI, ADIOS2 built with MPI, and hpckpt (editable).
+# - Wheels that must be compiled are built once into a wheelhouse outside the repository
+#   (HPCKPT_WHEELHOUSE, default ~/.cache/hpckpt/wheels), in a folder keyed by version
+#   and build settings, and reused afterwards.
+# - A second run on a ready machine only checks a stamp and the imports (seconds).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${HPCKPT_VENV:-$repo/.venv}
+wheelhouse=${HPCKPT_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/hpckpt/wheels}
+python=${PYTHON:-python3}
+
+MPI4PY_VERSION=4.1.2
+H5PY_VERSION=3.16.0
+ADIOS2_VERSION=2.12.1.1001
+NUMPY_SPEC='numpy>=1.26,<3'
+TEST_PKGS='pytest>=8 pytest-mpi==0.6 pytest-timeout>=2.3 xxhash>=3.4'
+BUILD_PKGS='setuptools>=77 wheel Cython>=3 pkgconfig scikit-build-core setuptools_scm cmake ninja'
+
+say() { printf 'install: %s\n' "$*"; }
+
+# --- 1. system packages (MPI, parallel HDF5, tools) -------------------------------------
+need_apt=()
+command -v "${MPICC:-mpicc}" >/dev/null 2>&1 || need_apt+=(mpich libmpich-dev)
+if [ -z "${HDF5_DIR:-}" ] && ! pkg-config --exists "${HDF5_PKGCONFIG_NAME:-hdf5-mpich}" 2>/dev/null; then
+    need_apt+=(libhdf5-mpich-dev)
+fi
+command -v h5dump >/dev/null 2>&1 || need_apt+=(hdf5-tools)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && [ -z "${HPCKPT_SKIP_APT:-}" ] && command -v apt-get >/dev/null; then
+        say "apt-get install ${need_apt[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${need_apt[@]}" python3-venv >/dev/null
+    else
+        say "missing: ${need_apt[*]}; not root (or HPCKPT_SKIP_APT set), so not using apt." >&2
+        say "load your site's MPI and parallel HDF5 modules, or set MPICC and HDF5_DIR." >&2
+        exit 1
+    fi
+fi
+export MPICC=${MPICC:-$(command -v mpicc)}
+mpicxx_default=$(dirname "$MPICC")/mpicxx
+export MPICXX=${MPICXX:-$mpicxx_default}
+
+# --- 2. build settings and their key -----------------------------------------------------
+if [ -n "${HDF5_DIR:-}" ]; then
+    hdf5_setting="dir=$HDF5_DIR"
+else
+    export HDF5_PKGCONFIG_NAME=${HDF5_PKGCONFIG_NAME:-hdf5-mpich}
+    hdf5_setting="pkgconfig=$HDF5_PKGCONFIG_NAME-$(pkg-config --modversion "$HDF5_PKGCONFIG_NAME")"
+fi
+py_tag=$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+mpi_id=$("$MPICC" -show 2>/dev/null | tr -s ' ' | md5sum | cut -c1-8)
+mpi_version=$(mpichversion 2>/dev/null | head -1 | tr -cd '[:alnum:].' || true)
+key_of() { printf '%s' "$*" | md5sum | cut -c1-12; }
+mpi4py_key="mpi4py-$MPI4PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $mpi_version")"
+h5py_key="h5py-$H5PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $hdf5_setting $mpi4py_key")"
+adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF")"
+stamp_value="$mpi4py_key $h5py_key $adios2_key $(md5sum "$0" "$repo/setup.cfg" | md5sum | cut -c1-12)"
+stamp=$venv/.hpckpt-install-stamp
+
+check_imports() {
+    "$venv/bin/python" - <<'PY'
+import h5py, adios2, mpi4py, numpy, pytest, hpckpt
+assert h5py.get_config().mpi, "h5py was built without MPI"
+assert adios2.is_built_with_mpi, "adios2 was built without MPI"
+PY
+}
+
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_value" ] && check_imports 2>/dev/null; then
+    say "ready ($venv); nothing to do"
+    exit 0
+fi
+
+# --- 3. virtual environment with the pure-Python and binary-wheel packages ---------------
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+say "pip install numpy, test and build tools into $venv"
+"${pip[@]}" install --upgrade pip >/dev/null
+"${pip[@]}" install "$NUMPY_SPEC" $TEST_PKGS $BUILD_PKGS
+
+# --- 4. compiled wheels, built once per key into the wheelhouse -------------------------
+build_wheel() {  # build_wheel KEY -- pip wheel arguments...
+    local key=$1; shift; shift
+    local dir=$wheelhouse/$key
+    if compgen -G "$dir/*.whl" >/dev/null; then
+        say "reuse $dir"
+        return
+    fi
+    say "build $key (minutes, once)"
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+    "${pip[@]}" wheel --no-deps --no-cache-dir --no-build-isolation -w "$dir.tmp" "$@"
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+}
+install_wheel() { "${pip[@]}" install --no-deps --force-reinstall "$wheelhouse/$1"/*.whl; }
+
+build_wheel "$mpi4py_key" -- --no-binary mpi4py "mpi4py==$MPI4PY_VERSION"
+install_wheel "$mpi4py_key"
+
+CC=$MPICC HDF5_MPI=ON build_wheel "$h5py_key" -- --no-binary h5py "h5py==$H5PY_VERSION"
+install_wheel "$h5py_key"
+
+if ! compgen -G "$wheelhouse/$adios2_key/*.whl" >/dev/null; then
+    # The sdist's pip mode never looks for mpi4py, which silently drops the Python
+    # bindings when MPI is on (see docs/install.md); patch it before building.
+    src=$(mktemp -d)
+    "${pip[@]}" download --no-deps --no-binary :all: --no-cache-dir -d "$src" "adios2==$ADIOS2_VERSION"
+    tar -xzf "$src"/adios2-*.tar.gz -C "$src"
+    detect=$(echo "$src"/adios2-*/cmake/DetectOptions.cmake)
+    "$venv/bin/python" - "$detect" <<'PY'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+anchor = "set(ADIOS2_HAVE_PIP TRUE)"
+patch = ("\n  if(ADIOS2_HAVE_MPI)\n    find_package(PythonModule REQUIRED COMPONENTS"
+         " mpi4py mpi4py/mpi4py.h)\n  endif()\n")
+if anchor not in text:
+    sys.exit(f"install: {path}: anchor {anchor!r} not found; cannot enable mpi4py")
+if patch not in text:
+    open(path, "w").write(text.replace(anchor, anchor + patch, 1))
+PY
+    CC=$MPICC CXX=$MPICXX CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) build_wheel "$adios2_key" -- \
+        -C cmake.define.ADIOS2_USE_MPI=ON -C cmake.define.ADIOS2_USE_SST=OFF \
+        -C cmake.define.ADIOS2_USE_CURL=OFF -C cmake.define.ADIOS2_USE_OpenSSL=OFF \
+        -C cmake.define.ADIOS2_USE_Fortran=OFF -C cmake.define.BUILD_TESTING=OFF \
+        "$(echo "$src"/adios2-*/)"
+    rm -rf "$src"
+fi
+install_wheel "$adios2_key"
+
+# --- 5. hpckpt itself, editable ----------------------------------------------------------
+"${pip[@]}" install --no-deps --no-build-isolation -e "$repo"
+
+check_imports
+echo "$stamp_value" > "$stamp"
+say "ready ($venv)"
