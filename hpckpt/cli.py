@@ -38,16 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=_non_negative_int, default=3, help="relaunches after the first attempt (default 3)")
     run.add_argument("--delay", type=_non_negative_float, default=1.0, help="seconds to wait before a relaunch (default 1)")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command, after --")
+    run.set_defaults(handler=_run, subparser=run)
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        args.subparser.error("give the command after --, e.g. hpckpt run -- mpiexec -n 4 python app.py")
+    return run_with_relaunch(command, max_restarts=args.max_restarts, delay=args.delay)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``hpckpt`` command line; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        if not command:
-            parser.error("run: give the command after --, e.g. hpckpt run -- mpiexec -n 4 python app.py")
-        return run_with_relaunch(command, max_restarts=args.max_restarts, delay=args.delay)
-    raise AssertionError(f"unhandled command {args.command!r}")  # argparse restricts the choices
+    args = build_parser().parse_args(argv)
+    return args.handler(args)

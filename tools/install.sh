@@ -115,7 +115,7 @@ if ! compgen -G "$wheelhouse/$adios2_key/*.whl" >/dev/null; then
     # The sdist's pip mode never looks for mpi4py, which silently drops the Python
     # bindings when MPI is on (see docs/install.md); patch it before building.
     src=$(mktemp -d)
-    "${pip[@]}" download --no-deps --no-binary :all: --no-cache-dir -d "$src" "adios2==$ADIOS2_VERSION"
+    "${pip[@]}" download --no-deps --no-binary adios2 --no-build-isolation --no-cache-dir -d "$src" "adios2==$ADIOS2_VERSION"
     tar -xzf "$src"/adios2-*.tar.gz -C "$src"
     detect=$(echo "$src"/adios2-*/cmake/DetectOptions.cmake)
     "$venv/bin/python" - "$detect" <<'PY'

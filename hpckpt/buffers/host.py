@@ -33,7 +33,7 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         raise InvalidStateError(
             f"leaf {path!r}: dtype {host.dtype} cannot be stored; expected bool, integer, float or complex"
         )
-    return np.ascontiguousarray(host)
+    return host if host.flags.c_contiguous else host.copy(order="C")
 
 
 def writable_target(array: Any, path: str) -> np.ndarray:

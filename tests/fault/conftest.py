@@ -1,0 +1,66 @@
+"""Helpers for tests that launch real ``mpiexec`` jobs of the heat solver."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+if shutil.which("mpiexec") is None:
+    pytest.skip("mpiexec is not installed (run `make install`)", allow_module_level=True)
+
+DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=(\w+) checksum=([0-9a-f]{64})$", re.MULTILINE)
+JOB_TIMEOUT = 50
+
+
+def heat_command(ranks: int, run_dir: Path, *args: str, n: int = 96, iters: int = 120, every: int = 10) -> list[str]:
+    return [
+        "mpiexec", "-n", str(ranks), sys.executable, "-m", "hpckpt.examples.heat",
+        "--n", str(n), "--iters", str(iters), "--every", str(every), "--dir", str(run_dir), *args,
+    ]  # fmt: skip
+
+
+def relaunched(command: list[str], max_restarts: int = 2) -> list[str]:
+    return [sys.executable, "-m", "hpckpt", "run", "--delay", "0", "--max-restarts", str(max_restarts), "--", *command]
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def checksum(self) -> str:
+        match = DONE.search(self.stdout)
+        assert match, f"no 'heat: done' line; stdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}"
+        return match.group(3)
+
+    @property
+    def resumed_from(self) -> str:
+        return DONE.search(self.stdout).group(2)
+
+    @property
+    def failed_attempts(self) -> int:
+        return len(re.findall(r"^hpckpt run: attempt \d+/\d+ failed", self.stderr, re.MULTILINE))
+
+
+def run(command: list[str], env: dict[str, str] | None = None) -> Finished:
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=JOB_TIMEOUT, env={**os.environ, **(env or {})}
+    )
+    return Finished(result.returncode, result.stdout, result.stderr)
+
+
+@pytest.fixture(scope="session")
+def reference_checksum(tmp_path_factory) -> str:
+    """The fault-free result, computed on one rank without checkpoints."""
+    result = run(heat_command(1, tmp_path_factory.mktemp("reference"), every=0))
+    assert result.returncode == 0, result.stderr
+    return result.checksum

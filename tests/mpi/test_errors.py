@@ -1,0 +1,161 @@
+"""Failures on one rank reach every rank; mismatched trees and corrupt steps are named."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import hpckpt
+from hpckpt.testing.faults import ENV as FAULT_ENV
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def field_state(comm, value: float) -> dict:
+    start, rows = 3 * comm.rank, 3
+    local = np.full((rows, 4), value)
+    return {"u": hpckpt.Distributed(local, global_shape=(3 * comm.size, 4), offset=(start, 0)), "it": value}
+
+
+def test_bad_leaf_on_one_rank_raises_the_same_collective_error_everywhere(world, mpi_tmp_path):
+    last = world.size - 1
+    with hpckpt.Checkpointer(mpi_tmp_path / "bad", comm=world) as checkpointer:
+        checkpointer.save(1, field_state(world, 1.0))
+        state = field_state(world, 2.0)
+        if world.rank == last:
+            state["names"] = hpckpt.Local(np.array(["a", "b"]))
+        else:
+            state["names"] = hpckpt.Local(np.zeros(2))
+        with pytest.raises(hpckpt.CollectiveError) as info:
+            checkpointer.save(2, state)
+        assert info.value.phase == "save step 2: plan"
+        assert list(info.value.failures) == [last]
+        assert f"rank(s) {last} of {world.size}" in str(info.value)
+        assert "leaf 'names': dtype <U1 cannot be stored" in info.value.failures[last]
+        restored = field_state(world, 0.0)
+        assert checkpointer.restore(restored) == 1  # the committed step is untouched
+        assert restored["u"].array.tolist() == field_state(world, 1.0)["u"].array.tolist()
+
+
+def test_injected_failure_of_rank_0_in_commit_keeps_the_previous_step(world, mpi_tmp_path, monkeypatch):
+    with hpckpt.Checkpointer(mpi_tmp_path / "commit", comm=world) as checkpointer:
+        checkpointer.save(1, field_state(world, 1.0))
+        monkeypatch.setenv(FAULT_ENV, "save.commit:0:raise")
+        with pytest.raises(hpckpt.CollectiveError) as info:
+            checkpointer.save(2, field_state(world, 2.0))
+        monkeypatch.delenv(FAULT_ENV)
+        assert info.value.phase == "save step 2: commit" and list(info.value.failures) == [0]
+        assert "InjectedFault: injected fault at save.commit on rank 0" in info.value.failures[0]
+        assert checkpointer.steps() == [1]
+        state = field_state(world, 0.0)
+        assert checkpointer.restore(state) == 1 and state["it"] == 1.0
+
+
+def test_failure_while_reading_on_one_rank(world, mpi_tmp_path, monkeypatch):
+    with hpckpt.Checkpointer(mpi_tmp_path / "read", comm=world) as checkpointer:
+        checkpointer.save(1, field_state(world, 1.0))
+        monkeypatch.setenv(FAULT_ENV, "restore.read:1:raise")
+        with pytest.raises(hpckpt.CollectiveError) as info:
+            checkpointer.restore(field_state(world, 0.0))
+        assert info.value.phase == "restore step 1: read" and list(info.value.failures) == [1]
+
+
+def test_different_steps_on_different_ranks(world, mpi_tmp_path):
+    with hpckpt.Checkpointer(mpi_tmp_path / "steps", comm=world) as checkpointer:
+        with pytest.raises(hpckpt.InvalidStateError, match=r"different steps on different ranks \(rank 0: 5, rank 1: 6"):
+            checkpointer.save(5 + world.rank, field_state(world, 1.0))
+        assert checkpointer.steps() == []
+
+
+def test_overlapping_boxes_are_refused_on_every_rank(world, mpi_tmp_path):
+    local = np.zeros((3, 4))
+    state = {"u": hpckpt.Distributed(local, global_shape=(3 * world.size, 4), offset=(max(0, 3 * world.rank - 1), 0))}
+    with hpckpt.Checkpointer(mpi_tmp_path / "overlap", comm=world) as checkpointer:
+        with pytest.raises(hpckpt.InvalidStateError, match="leaf 'u': the boxes of ranks 0 and 1 overlap"):
+            checkpointer.save(1, state)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.pop("u"), "distributed leaf 'u' is in the checkpoint but not in the state"),
+        (lambda s: s.update(extra=hpckpt.Replicated(np.zeros(2))), "replicated leaf 'extra' is not in the checkpoint"),
+        (lambda s: s.update(it2=3), "plain value 'it2' is not in the checkpoint"),
+        (
+            lambda s: s.update(u=hpckpt.Replicated(np.zeros((3, 4)))),
+            "leaf 'u' is replicated in the state but distributed in the checkpoint",
+        ),
+        (
+            lambda s: s["u"].__init__(s["u"].array.astype(np.float32), global_shape=s["u"].global_shape, offset=s["u"].offset),
+            "leaf 'u' has dtype float32 but the checkpoint has float64",
+        ),
+    ],
+)
+def test_mismatched_trees(world, mpi_tmp_path, change, message):
+    with hpckpt.Checkpointer(mpi_tmp_path / "mismatch", comm=world) as checkpointer:
+        checkpointer.save(4, field_state(world, 1.0))
+        state = field_state(world, 0.0)
+        change(state)
+        with pytest.raises(hpckpt.StateMismatchError) as info:
+            checkpointer.restore(state)
+        assert "does not match checkpoint step 4" in str(info.value)
+        assert message in str(info.value)
+
+
+def test_other_global_shape_and_world_size(world, mpi_tmp_path):
+    with hpckpt.Checkpointer(mpi_tmp_path / "shape", comm=world) as checkpointer:
+        checkpointer.save(1, field_state(world, 1.0))
+        wrong = {"u": hpckpt.Distributed(np.zeros((3, 5)), global_shape=(3 * world.size, 5), offset=(3 * world.rank, 0)), "it": 0}
+        with pytest.raises(hpckpt.StateMismatchError, match=r"leaf 'u' has global_shape \(\d+, 5\) but the checkpoint has \(\d+, 4\)"):
+            checkpointer.restore(wrong)
+    half = world.Split(world.rank % 2, world.rank)
+    with hpckpt.Checkpointer(mpi_tmp_path / "shape", comm=half) as checkpointer:
+        with pytest.raises(hpckpt.StateMismatchError, match=f"written by {world.size} ranks but restored on {half.size}"):
+            checkpointer.restore(field_state(half, 0.0))
+    half.Free()
+
+
+def corrupt_block_of_rank(path, dataset: str, rank: int, rows: int, columns: int) -> None:
+    """Flip one byte inside ``rank``'s rows of ``dataset``, with plain file I/O."""
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        offset = h5[dataset].id.get_offset() + rank * rows * columns * 8 + 5
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_corrupt_newest_step_falls_back_with_a_warning(world, mpi_tmp_path):
+    run_dir = mpi_tmp_path / "corrupt"
+    with hpckpt.Checkpointer(run_dir, comm=world) as checkpointer:
+        checkpointer.save(1, field_state(world, 1.0))
+        checkpointer.save(2, field_state(world, 2.0))
+        world.Barrier()
+        if world.rank == 0:
+            corrupt_block_of_rank(run_dir / "step-00000002" / "data.h5", "/u", rank=1, rows=3, columns=4)
+        world.Barrier()
+        state = field_state(world, 0.0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert checkpointer.restore(state) == 1
+        assert state["it"] == 1.0 and np.all(state["u"].array == 1.0)
+        (warning,) = [w for w in caught if w.category is hpckpt.CheckpointFallbackWarning]
+        text = str(warning.message)
+        assert text.startswith("checkpoint step 2 is corrupt (leaf 'u', block of rank 1: xxh3_64 checksum")
+        assert text.endswith("falling back to step 1")
+
+
+def test_corrupt_manifest_and_no_good_step(world, mpi_tmp_path):
+    run_dir = mpi_tmp_path / "manifest"
+    with hpckpt.Checkpointer(run_dir, comm=world) as checkpointer:
+        checkpointer.save(1, field_state(world, 1.0))
+        world.Barrier()
+        if world.rank == 0:
+            (run_dir / "step-00000001" / "manifest.json").write_text('{"format": "hpckpt-manifest", "version"')
+        world.Barrier()
+        with pytest.warns(hpckpt.CheckpointFallbackWarning, match="no older committed step is left"):
+            with pytest.raises(hpckpt.CorruptCheckpointError, match=r"no committed step in .* could be restored"):
+                checkpointer.restore(field_state(world, 0.0))

@@ -1,0 +1,49 @@
+"""The run directory: only renamed steps with a manifest count; retention is crash-safe."""
+
+import os
+
+from hpckpt.storage.commit import MANIFEST_NAME, RunDirectory
+from tests.unit.test_manifest import make_manifest
+
+
+def commit_step(run_dir: RunDirectory, step: int) -> None:
+    temp = run_dir.prepare(step)
+    (temp / "data.h5").write_bytes(b"data %d" % step)
+    run_dir.commit(make_manifest().__class__(**{**make_manifest().__dict__, "step": step}))
+
+
+def test_commit_writes_manifest_last_and_renames(tmp_path):
+    run_dir = RunDirectory(tmp_path / "run")
+    commit_step(run_dir, 3)
+    assert sorted(os.listdir(tmp_path / "run")) == ["step-00000003"]
+    assert sorted(os.listdir(run_dir.step_path(3))) == ["data.h5", MANIFEST_NAME]
+    assert run_dir.committed_steps() == [3]
+    assert '"step": 3' in run_dir.read_manifest(3)
+
+
+def test_uncommitted_and_transient_directories_are_ignored(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    commit_step(run_dir, 1)
+    run_dir.prepare(2)  # a save that crashed before its commit
+    (tmp_path / "step-00000004").mkdir()  # no manifest: not committed
+    (tmp_path / "step-00000000.deleting").mkdir()
+    assert run_dir.committed_steps() == [1]
+
+
+def test_retain_keeps_newest_and_clears_leftovers(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    for step in (1, 2, 3, 4):
+        commit_step(run_dir, step)
+    run_dir.prepare(9)
+    assert run_dir.retain(2) == [1, 2]
+    assert sorted(os.listdir(tmp_path)) == ["step-00000003", "step-00000004"]
+
+
+def test_saving_a_committed_step_again_replaces_it(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    commit_step(run_dir, 5)
+    temp = run_dir.prepare(5)
+    (temp / "data.h5").write_bytes(b"second")
+    run_dir.commit(make_manifest().__class__(**{**make_manifest().__dict__, "step": 5}))
+    assert (run_dir.step_path(5) / "data.h5").read_bytes() == b"second"
+    assert sorted(os.listdir(tmp_path)) == ["step-00000005"]

@@ -1,0 +1,41 @@
+"""``hpckpt run`` relaunches a failing command with HPCKPT_ATTEMPT, and keeps its status."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def hpckpt_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpckpt", "run", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_relaunches_until_success_and_exports_attempt(tmp_path):
+    log = tmp_path / "attempts"
+    script = f'echo "$HPCKPT_ATTEMPT" >> {log}; [ "$HPCKPT_ATTEMPT" = 2 ]'
+    result = hpckpt_run("--delay", "0", "--", "sh", "-c", script)
+    assert result.returncode == 0
+    assert log.read_text().split() == ["0", "1", "2"]
+    assert "attempt 2/4 failed after" in result.stderr and "exit status 1" in result.stderr
+    assert "attempt 3/4 succeeded" in result.stderr
+
+
+def test_gives_up_and_returns_the_last_status(tmp_path):
+    result = hpckpt_run("--max-restarts", "1", "--delay", "0", "--", "sh", "-c", "exit 7")
+    assert result.returncode == 7
+    assert "giving up after 2 attempt(s)" in result.stderr
+
+
+def test_death_by_signal_is_reported_as_128_plus_signal():
+    result = hpckpt_run("--max-restarts", "0", "--", "sh", "-c", "kill -KILL $$")
+    assert result.returncode == 137
+    assert "killed by SIGKILL" in result.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["--"], ["--max-restarts", "-1", "--", "true"]])
+def test_usage_errors(args):
+    result = hpckpt_run(*args)
+    assert result.returncode == 2
+    assert "usage: hpckpt run" in result.stderr

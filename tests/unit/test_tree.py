@@ -1,0 +1,53 @@
+"""Flattening state trees: paths, order, and the leaves that are refused."""
+
+import numpy as np
+import pytest
+
+from hpckpt import Distributed, InvalidStateError, Local, Replicated
+from hpckpt.model.tree import flatten
+
+
+def test_paths_are_sorted_and_nested():
+    a, b = Local(np.zeros(3)), Replicated(np.ones(2))
+    state = {"z": 1, "a": {"y": [a, "text"], "b": b}, "m": None}
+    slots = flatten(state)
+    assert [s.path for s in slots] == ["a/b", "a/y/0", "a/y/1", "m", "z"]
+    assert [s.value for s in slots] == [b, a, "text", None, 1]
+
+
+def test_replace_puts_plain_values_back_in_their_container():
+    state = {"opt": {"lr": 0.1}, "hist": [1, 2]}
+    for slot in flatten(state):
+        slot.replace(f"new-{slot.path}")
+    assert state == {"opt": {"lr": "new-opt/lr"}, "hist": ["new-hist/0", "new-hist/1"]}
+
+
+def test_numpy_scalars_become_plain_values():
+    (slot,) = flatten({"x": np.float32(1.5)})
+    assert slot.value == 1.5 and type(slot.value) is float
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"u": np.zeros(3)}, "leaf 'u' is a bare ndarray; wrap it in hpckpt.Distributed"),
+        ({"t": (1, 2)}, "leaf 't' has unsupported type tuple"),
+        ({"a": {1: 2}}, "state keys must be strings; key 1 at a is int"),
+        ({"a/b": 1}, "state key 'a/b' at the top level is not allowed"),
+        ({"": 1}, "state key '' at the top level is not allowed"),
+        (np.zeros(2), "the state must be a dict or list, got ndarray"),
+    ],
+)
+def test_bad_trees_name_the_leaf(state, message):
+    with pytest.raises(InvalidStateError) as info:
+        flatten(state)
+    assert message in str(info.value)
+
+
+def test_distributed_box_must_fit():
+    with pytest.raises(InvalidStateError, match=r"dimension 0: 3\+2 > 4"):
+        Distributed(np.zeros((2, 2)), global_shape=(4, 2), offset=(3, 0))
+    with pytest.raises(InvalidStateError, match="has 2 dimension"):
+        Distributed(np.zeros((2, 2)), global_shape=(4,), offset=(0,))
+    with pytest.raises(InvalidStateError, match="must not be negative"):
+        Distributed(np.zeros(2), global_shape=(4,), offset=(-1,))
