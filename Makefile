@@ -1,0 +1,29 @@
+# hpckpt: `make test` and `make demo` do all set-up themselves (see README.md).
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+MPIEXEC ?= mpiexec
+NP      ?= 4
+
+.PHONY: install test test-unit test-fault test-mpi demo clean
+
+install:
+	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
+
+test: install
+	$(MAKE) test-unit test-fault test-mpi
+
+test-unit:
+	$(PY) -m pytest tests/unit -q
+
+test-fault:
+	$(PY) -m pytest tests/fault -q
+
+# pytest-timeout's thread method ends a rank stuck in a collective; `timeout` is the backstop.
+test-mpi:
+	timeout 900 $(MPIEXEC) -n $(NP) $(PY) -m pytest tests/mpi --with-mpi -q -p no:cacheprovider
+
+demo: install
+	PY=$(PY) NP=$(NP) bash jobs/demo.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info
