@@ -98,9 +98,13 @@ build_wheel() {  # build_wheel KEY -- pip wheel arguments...
         say "reuse $dir"
         return
     fi
-    say "build $key (minutes, once)"
+    say "build $key (minutes, once; log: $dir.log)"
     rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
-    "${pip[@]}" wheel --no-deps --no-cache-dir --no-build-isolation -w "$dir.tmp" "$@"
+    if ! "${pip[@]}" wheel -v --no-deps --no-cache-dir --no-build-isolation -w "$dir.tmp" "$@" >"$dir.log" 2>&1; then
+        tail -40 "$dir.log" >&2
+        say "building $key failed; the whole log is $dir.log" >&2
+        exit 1
+    fi
     rm -rf "$dir" && mv "$dir.tmp" "$dir"
 }
 install_wheel() { "${pip[@]}" install --no-deps --force-reinstall "$wheelhouse/$1"/*.whl; }
@@ -136,6 +140,11 @@ PY
         -C cmake.define.ADIOS2_USE_Fortran=OFF -C cmake.define.BUILD_TESTING=OFF \
         "$(echo "$src"/adios2-*/)"
     rm -rf "$src"
+    if ! "$venv/bin/python" -c 'import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(not any(n.startswith("adios2/bindings/") for n in names))' "$wheelhouse/$adios2_key"/*.whl; then
+        rm -rf "${wheelhouse:?}/$adios2_key"
+        say "the ADIOS2 wheel has no Python bindings (see $wheelhouse/$adios2_key.log: 'Python : OFF'?)" >&2
+        exit 1
+    fi
 fi
 install_wheel "$adios2_key"
 

@@ -188,7 +188,7 @@ def _targets(manifest: Manifest, slots: list[Slot], rank: int) -> list[_Target]:
             continue
         record = stored[slot.path]
         destination = writable_target(slot.value.array, slot.path)
-        direct = destination.flags.c_contiguous and isinstance(destination, np.ndarray)
+        direct = destination.flags.c_contiguous
         out = destination if direct else np.empty(destination.shape, dtype=record.dtype)
         offset = record.block_of(rank).offset if record.kind == "distributed" else (0,) * out.ndim
         targets.append(_Target(slot, ReadRequest(record, rank, offset, out), destination))
