@@ -131,7 +131,7 @@ patch = ("\n  if(ADIOS2_HAVE_MPI)\n    find_package(PythonModule REQUIRED COMPON
          " mpi4py mpi4py/mpi4py.h)\n  endif()\n")
 if anchor not in text:
     sys.exit(f"install: {path}: anchor {anchor!r} not found; cannot enable mpi4py")
-if patch not in text:
+if anchor + patch not in text:  # the same lines stand elsewhere in the file: match with the anchor
     open(path, "w").write(text.replace(anchor, anchor + patch, 1))
 PY
     CC=$MPICC CXX=$MPICXX CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) build_wheel "$adios2_key" -- \
