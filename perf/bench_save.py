@@ -76,6 +76,7 @@ def main() -> None:
     for _ in range(args.repeat):
         for name, action in ways.items():
             seconds[name].append(timed(comm, action))
+    phases = checkpointer.last_save.seconds
     checkpointer.close()
     if comm.rank == 0:
         total = args.mib * 2**20 * comm.size
@@ -84,6 +85,7 @@ def main() -> None:
         for name, values in seconds.items():
             median = statistics.median(values)
             print(f"  {name:7s} {median:7.3f} s  {total / median / 1e9:5.2f} GB/s  {base / median:5.2f} x raw")
+        print("  hpckpt phases of the last save (s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -28,7 +28,20 @@ def array_shape(array: Any) -> tuple[int, ...]:
         ) from exc
 
 
-class Local:
+class _WholeArrayLeaf:
+    """A leaf whose whole array is one block (per rank, or shared by all ranks)."""
+
+    kind = ""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.shape = array_shape(array)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(shape={self.shape})"
+
+
+class Local(_WholeArrayLeaf):
     """Per-rank data of any size (RNG state, particle lists): one block per rank.
 
     Parameters
@@ -39,15 +52,8 @@ class Local:
 
     kind = "local"
 
-    def __init__(self, array: Any) -> None:
-        self.array = array
-        self.shape = array_shape(array)
 
-    def __repr__(self) -> str:
-        return f"Local(shape={self.shape})"
-
-
-class Replicated:
+class Replicated(_WholeArrayLeaf):
     """An array that is identical on every rank; written once, verified on restore.
 
     Parameters
@@ -57,13 +63,6 @@ class Replicated:
     """
 
     kind = "replicated"
-
-    def __init__(self, array: Any) -> None:
-        self.array = array
-        self.shape = array_shape(array)
-
-    def __repr__(self) -> str:
-        return f"Replicated(shape={self.shape})"
 
 
 class Distributed:
