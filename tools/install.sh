@@ -23,7 +23,8 @@ MPI4PY_VERSION=4.1.2
 H5PY_VERSION=3.16.0
 ADIOS2_VERSION=2.12.1.1001
 NUMPY_SPEC='numpy>=1.26,<3'
-TEST_PKGS='pytest>=8 pytest-mpi==0.6 pytest-timeout>=2.3 xxhash>=3.4'
+RUNTIME_PKGS='xxhash>=3.4'
+TEST_PKGS='pytest>=8 pytest-mpi==0.6 pytest-timeout>=2.3'
 BUILD_PKGS='setuptools>=77 wheel Cython>=3 pkgconfig scikit-build-core setuptools_scm cmake ninja'
 
 say() { printf 'install: %s\n' "$*"; }
@@ -88,7 +89,7 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 say "pip install numpy, test and build tools into $venv"
 "${pip[@]}" install --upgrade pip >/dev/null
-"${pip[@]}" install "$NUMPY_SPEC" $TEST_PKGS $BUILD_PKGS
+"${pip[@]}" install "$NUMPY_SPEC" $RUNTIME_PKGS $TEST_PKGS $BUILD_PKGS
 
 # --- 4. compiled wheels, built once per key into the wheelhouse -------------------------
 build_wheel() {  # build_wheel KEY -- pip wheel arguments...

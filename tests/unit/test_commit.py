@@ -1,6 +1,7 @@
 """The run directory: only renamed steps with a manifest count; retention is crash-safe."""
 
 import os
+from dataclasses import replace
 
 from hpckpt.storage.commit import MANIFEST_NAME, RunDirectory
 from tests.unit.test_manifest import make_manifest
@@ -9,7 +10,7 @@ from tests.unit.test_manifest import make_manifest
 def commit_step(run_dir: RunDirectory, step: int) -> None:
     temp = run_dir.prepare(step)
     (temp / "data.h5").write_bytes(b"data %d" % step)
-    run_dir.commit(make_manifest().__class__(**{**make_manifest().__dict__, "step": step}))
+    run_dir.commit(replace(make_manifest(), step=step))
 
 
 def test_commit_writes_manifest_last_and_renames(tmp_path):
@@ -44,6 +45,6 @@ def test_saving_a_committed_step_again_replaces_it(tmp_path):
     commit_step(run_dir, 5)
     temp = run_dir.prepare(5)
     (temp / "data.h5").write_bytes(b"second")
-    run_dir.commit(make_manifest().__class__(**{**make_manifest().__dict__, "step": 5}))
+    run_dir.commit(replace(make_manifest(), step=5))
     assert (run_dir.step_path(5) / "data.h5").read_bytes() == b"second"
     assert sorted(os.listdir(tmp_path)) == ["step-00000005"]
