@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .protocols import PLANNED_PROTOCOLS, PROTOCOLS
 from .protocols.coordinated import SaveReport, save_coordinated
 from .recovery.restart import list_committed_steps, restore_newest
-from .storage import open_backend
+from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
 
 if TYPE_CHECKING:
@@ -31,7 +32,13 @@ class Checkpointer:
     comm
         The communicator of the ranks that save together (default ``COMM_WORLD``).
     backend
-        ``"hdf5"``: one parallel HDF5 file per step.
+        A registered backend name (``"hdf5"``: one parallel HDF5 file per step;
+        ``"adios2"``: one ADIOS2 BP5 directory per step; ``"posix"``: raw files, one
+        per rank) or a backend object (see :mod:`hpckpt.storage.base`).
+    backend_options
+        Keyword arguments of the named backend: for ``"adios2"``, ``parameters``
+        (engine parameters such as ``{"NumAggregators": "2"}``); for ``"posix"``,
+        ``ranks_per_file``, ``block_alignment``, ``segment_alignment``.
     protocol
         ``"coordinated"``: all ranks save the same step in one call.
     keep
@@ -54,7 +61,8 @@ class Checkpointer:
         directory: str | os.PathLike[str],
         *,
         comm: MPI.Comm | None = None,
-        backend: str = "hdf5",
+        backend: str | Backend = "hdf5",
+        backend_options: dict[str, Any] | None = None,
         protocol: str = "coordinated",
         keep: int = 3,
     ) -> None:
@@ -71,7 +79,7 @@ class Checkpointer:
         self.run_dir = RunDirectory(directory)
         self.protocol = protocol
         self.keep = keep
-        self.backend = open_backend(backend)
+        self.backend = open_backend(backend, backend_options)
         self.comm = comm.Dup()
         self.last_save: SaveReport | None = None
         self.save_seconds = 0.0
@@ -95,12 +103,24 @@ class Checkpointer:
         self.saves += 1
         self.save_seconds += sum(report.seconds.values())
 
-    def restore(self, state: Any) -> int | None:
+    def restore(self, state: Any, *, local_from: Callable[[int], int] | None = None) -> int | None:
         """Fill ``state`` from the newest committed step that verifies.
 
         Collective over ``comm``. Arrays in the tree are filled in place; plain values
         in dicts and lists are replaced. A corrupt newest step is reported with a
         :class:`~hpckpt.errors.CheckpointFallbackWarning` and an older one is used.
+        The job may have another number of ranks than the one that saved:
+        Distributed leaves are read from the stored blocks that overlap each rank's
+        new box, Replicated leaves on every rank. Local leaves need the same number
+        of ranks, or ``local_from``.
+
+        Parameters
+        ----------
+        state
+            The tree to fill, of the same structure as the one saved.
+        local_from
+            ``local_from(rank)`` is the writer rank whose Local blocks ``rank``
+            takes (for example ``lambda rank: rank % 4`` after 4 ranks wrote).
 
         Returns
         -------
@@ -111,11 +131,12 @@ class Checkpointer:
         ------
         StateMismatchError
             On every rank, when the tree differs from the checkpoint (missing or extra
-            leaf, other kind, shape, dtype, box or number of ranks).
+            leaf, other kind, shape, dtype, global shape, or a Local leaf on another
+            number of ranks without ``local_from``).
         CorruptCheckpointError
             On every rank, when no committed step verifies.
         """
-        return restore_newest(self.comm, self.run_dir, self.backend, state)
+        return restore_newest(self.comm, self.run_dir, self.backend, state, local_from=local_from)
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first. Collective over ``comm``."""

@@ -58,3 +58,17 @@ def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, B
             f"Distributed leaf {path!r}: the ranks' boxes cover {covered} of the {total} elements "
             f"of global_shape {global_shape}; every element must belong to exactly one rank"
         )
+
+
+def intersection(first: Box, second: Box) -> Box | None:
+    """The box common to ``first`` and ``second``, or None when they share no element."""
+    start = tuple(max(a, b) for a, b in zip(first[0], second[0]))
+    stop = tuple(min(a + n, b + m) for a, n, b, m in zip(first[0], first[1], second[0], second[1]))
+    if any(lo >= hi for lo, hi in zip(start, stop)):
+        return None
+    return start, tuple(hi - lo for lo, hi in zip(start, stop))
+
+
+def local_slices(box: Box, within: Box) -> tuple[slice, ...]:
+    """Index of ``box`` inside an array that holds ``within`` (``box`` lies inside it)."""
+    return tuple(slice(o - w, o - w + n) for o, n, w in zip(box[0], box[1], within[0]))

@@ -8,8 +8,11 @@ block lives, and the block's checksum.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from ..errors import CorruptCheckpointError
 
@@ -20,12 +23,22 @@ LEAF_KINDS = ("distributed", "local", "replicated")
 
 @dataclass(frozen=True)
 class Block:
-    """One rank's block of a leaf: its box (``offset`` is empty for local leaves)."""
+    """One rank's block of a leaf: its box (``offset`` is empty for local leaves).
+
+    ``location`` is where the backend put the block's bytes when that is per block
+    (the POSIX backend's file and byte offset, ADIOS2's block id); often empty.
+    """
 
     rank: int
     offset: tuple[int, ...]
     shape: tuple[int, ...]
     checksum: str
+    location: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Number of elements in the block."""
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -37,7 +50,12 @@ class LeafRecord:
     dtype: str
     global_shape: tuple[int, ...] | None
     blocks: tuple[Block, ...]
-    location: dict[str, str] = field(default_factory=dict)
+    location: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return np.dtype(self.dtype).itemsize
 
     def block_of(self, rank: int) -> Block:
         """Return the block written by ``rank`` (for replicated leaves: the one block)."""
@@ -51,7 +69,11 @@ class LeafRecord:
 
 @dataclass(frozen=True)
 class Manifest:
-    """Description of one committed step; written last, by rank 0."""
+    """Description of one committed step; written last, by rank 0.
+
+    ``files`` maps each file of the step (relative to its directory) to its size in
+    bytes when committed, or None for a directory.
+    """
 
     step: int
     protocol: str
@@ -62,7 +84,7 @@ class Manifest:
     values: dict[str, Any]
     created: float
     committed: float
-    files: tuple[str, ...] = ()
+    files: dict[str, int | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Serialise to JSON text (sorted keys, one manifest per file)."""
@@ -97,7 +119,7 @@ class Manifest:
                 values=dict(body["values"]),
                 created=float(body["created"]),
                 committed=float(body["committed"]),
-                files=tuple(body.get("files", ())),
+                files={str(name): None if size is None else int(size) for name, size in body["files"].items()},
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
@@ -118,8 +140,9 @@ def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
                 offset=tuple(int(n) for n in block["offset"]),
                 shape=tuple(int(n) for n in block["shape"]),
                 checksum=str(block["checksum"]),
+                location=dict(block.get("location", {})),
             )
             for block in leaf["blocks"]
         ),
-        location={str(k): str(v) for k, v in leaf.get("location", {}).items()},
+        location={str(k): v for k, v in leaf.get("location", {}).items()},
     )

@@ -18,8 +18,8 @@ from __future__ import annotations
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,9 +30,9 @@ from ..checksum import ALGORITHM, block_checksum
 from ..errors import InvalidStateError
 from ..model.leaves import ARRAY_LEAF_TYPES
 from ..model.layout import LeafPlan, RankPlan, merge_plans
-from ..model.manifest import Manifest
+from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import flatten
-from ..storage.base import Backend
+from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
 from ..testing import faults
 
@@ -80,6 +80,15 @@ def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
     return RankPlan(tuple(leaves), values), arrays
 
 
+def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int) -> list[BlockData]:
+    """The blocks ``rank`` writes: its own distributed and local ones, replicated on rank 0."""
+    return [
+        BlockData(record, record.block_of(rank), arrays[record.path])
+        for record in records
+        if record.kind != "replicated" or rank == 0
+    ]
+
+
 def save_coordinated(
     comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, step: int, state: Any, *, keep: int
 ) -> SaveReport:
@@ -111,7 +120,7 @@ def save_coordinated(
         per_rank = ", ".join(f"rank {r}: {s}" for r, (s, _) in enumerate(gathered))
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
     records, values = merge_plans([rank_plan for _, rank_plan in gathered])
-    records = tuple(replace(record, location=backend.location(record)) for record in records)
+    records = backend.layout(records)
 
     timed("prepare", lambda: run_dir.prepare(step) if rank == 0 else None)
     temp = run_dir.temp_path(step)
@@ -119,7 +128,7 @@ def save_coordinated(
     def write() -> list[str]:
         try:
             faults.point("save.write", rank)
-            return backend.write(comm, temp, records, staged)
+            return backend.write(comm, temp, records, blocks_of_rank(records, staged, rank))
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
             raise
@@ -135,7 +144,7 @@ def save_coordinated(
         values=values,
         created=created,
         committed=time.time(),
-        files=tuple(files),
+        files=dict.fromkeys(files),
     )
 
     def commit() -> None:

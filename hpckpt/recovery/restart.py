@@ -6,14 +6,23 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`):
 2. ``match``: each rank flattens its tree; per step, rank 0 reads the manifest and
    every rank compares its tree with it. Differences from every rank are merged
    into one :class:`~hpckpt.errors.StateMismatchError`, raised on every rank.
-3. ``read``: each rank reads its blocks independently and checks their checksums.
-   If any block of a step fails, every rank warns and tries the next older step.
-4. Plain values are put into the tree only once a step has verified everywhere.
+3. ``files``: rank 0 checks that every file of the step has its committed size (a
+   truncated file is refused before any I/O library reads it: ADIOS2 2.12 waits
+   forever on a cut data file).
+4. ``plan``: from the manifest alone, each rank picks the stored blocks that overlap
+   its boxes: with the same number of ranks, its own; on a different number, every
+   stored block its new box touches (never the whole array).
+5. ``read``: each rank reads those whole blocks independently and checks their
+   checksums. If any block of a step fails, every rank warns and tries the next
+   older step.
+6. Only then are overlaps copied into place and plain values put into the tree.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +33,10 @@ from ..buffers.host import writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.leaves import ARRAY_LEAF_TYPES
-from ..model.manifest import Manifest
+from ..model.boxes import Box, intersection, local_slices
+from ..model.manifest import Block, LeafRecord, Manifest
 from ..model.tree import Slot, flatten
-from ..storage.base import Backend, ReadRequest
+from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
 from ..testing import faults
 
@@ -34,13 +44,19 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 
-@dataclass(frozen=True)
-class _Target:
-    """An array leaf to fill: the request to read and where its data ends up."""
+LocalSource = Callable[[int], int]
 
-    slot: Slot
-    request: ReadRequest
+
+@dataclass(frozen=True)
+class _Piece:
+    """A stored block to read, and where its part of this rank's leaf goes.
+
+    ``slices`` is None when the block is read straight into the destination.
+    """
+
+    request: BlockData
     destination: np.ndarray
+    slices: tuple[tuple[slice, ...], tuple[slice, ...]] | None
 
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
@@ -48,11 +64,15 @@ def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
     return gather_phase(comm, "list steps", lambda: run_dir.committed_steps() if comm.rank == 0 else None)[0]
 
 
-def restore_newest(comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, state: Any) -> int | None:
+def restore_newest(
+    comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, state: Any, *, local_from: LocalSource | None = None
+) -> int | None:
     """Fill ``state`` from the newest committed step that verifies; return its step.
 
     Collective over ``comm``: all ranks must call with trees of the same structure.
-    Returns None when the run directory has no committed step.
+    Returns None when the run directory has no committed step. ``local_from(rank)``
+    names the writer rank whose block of each Local leaf ``rank`` takes; without
+    it, Local leaves restore only on as many ranks as wrote them.
 
     Raises
     ------
@@ -79,21 +99,34 @@ def restore_newest(comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, stat
             _warn_fallback(step, [str(exc)], steps)
             continue
         differences = gather_phase(
-            comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank)
+            comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, local_from)
         )
         _raise_on_differences(step, source, differences)
-        targets = run_phase(comm, f"restore step {step}: plan", lambda: _targets(manifest, slots, comm.rank))
-        corrupt = gather_phase(
-            comm, f"restore step {step}: read", lambda: _read_and_verify(backend, run_dir, step, targets, comm.rank)
+        damaged = gather_phase(
+            comm, f"restore step {step}: files",
+            lambda: run_dir.missing_or_resized(step, manifest.files) if comm.rank == 0 else [],
+        )[0]
+        if damaged:
+            problems.append(f"step {step}: {damaged[0]}")
+            _warn_fallback(step, damaged, steps)
+            continue
+        pieces = run_phase(
+            comm, f"restore step {step}: plan", lambda: _plan_reads(manifest, slots, comm.size, comm.rank, local_from)
         )
-        findings = [finding for rank_findings in corrupt for finding in rank_findings]
+        corrupt = gather_phase(
+            comm, f"restore step {step}: read", lambda: _read_and_verify(backend, run_dir, step, pieces, comm.rank)
+        )
+        findings: list[str] = []
+        for rank_findings in corrupt:
+            findings += [finding for finding in rank_findings if finding not in findings]
         if findings:
             problems.append(f"step {step}: {findings[0]}")
             _warn_fallback(step, findings, steps)
             continue
-        for target in targets:
-            if target.destination is not target.request.out:
-                target.destination[...] = target.request.out
+        for piece in pieces:
+            if piece.slices is not None:
+                into, source = piece.slices
+                piece.destination[into] = piece.request.array[source]
         for slot in slots:
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])
@@ -120,13 +153,23 @@ def _warn_fallback(step: int, findings: list[str], steps: list[int]) -> None:
     warnings.warn(f"checkpoint step {step} is corrupt ({shown}); {then}", CheckpointFallbackWarning, stacklevel=4)
 
 
-def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int) -> list[str]:
+def _local_source(manifest: Manifest, size: int, rank: int, local_from: LocalSource | None) -> int | None:
+    """The writer rank whose Local blocks ``rank`` restores, or None if there is none."""
+    if local_from is None:
+        return rank if manifest.world_size == size else None
+    source = local_from(rank)
+    if isinstance(source, bool) or not isinstance(source, (int, np.integer)) or not 0 <= source < manifest.world_size:
+        raise ValueError(
+            f"local_from({rank}) returned {source!r}; expected a writer rank in [0, {manifest.world_size})"
+        )
+    return int(source)
+
+
+def _differences(
+    manifest: Manifest, slots: list[Slot], size: int, rank: int, local_from: LocalSource | None
+) -> list[str]:
     """What differs between this rank's tree and ``manifest`` (empty when they match)."""
-    if manifest.world_size != size:
-        return [
-            f"written by {manifest.world_size} ranks but restored on {size}; "
-            "restoring onto a different number of ranks is not supported by this version"
-        ]
+    source = _local_source(manifest, size, rank, local_from)
     stored = {record.path: record for record in manifest.leaves}
     found: list[str] = []
     for slot in slots:
@@ -150,20 +193,27 @@ def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int) ->
         dtype = np.dtype(getattr(leaf.array, "dtype", None))
         if dtype != np.dtype(record.dtype):
             found.append(f"leaf {slot.path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")
-        block = record.block_of(rank)
         if leaf.kind == "distributed":
             if leaf.global_shape != record.global_shape:
                 found.append(
                     f"leaf {slot.path!r} has global_shape {leaf.global_shape} "
                     f"but the checkpoint has {record.global_shape}"
                 )
-            elif (leaf.offset, leaf.shape) != (block.offset, block.shape):
-                found.append(
-                    f"leaf {slot.path!r}: rank {rank}'s box is offset {leaf.offset} shape {leaf.shape} "
-                    f"but the checkpoint's is offset {block.offset} shape {block.shape}"
-                )
-        elif leaf.shape != block.shape:
-            found.append(f"leaf {slot.path!r} on rank {rank} has shape {leaf.shape} but the checkpoint has {block.shape}")
+            continue
+        if leaf.kind == "local" and source is None:
+            found.append(
+                f"local leaf {slot.path!r} was written by {manifest.world_size} ranks but is restored on {size}; "
+                "a Local leaf restores only on as many ranks, unless Checkpointer.restore(state, local_from=f) "
+                "says which writer rank's block each rank takes, or each rank reads every block with "
+                f"hpckpt.CheckpointReader(directory).local_blocks({slot.path!r}) (docs/format.md)"
+            )
+            continue
+        block = record.block_of(rank if source is None else source)
+        if leaf.shape != block.shape:
+            found.append(
+                f"leaf {slot.path!r} on rank {rank} has shape {leaf.shape} but the checkpoint's block "
+                f"(of rank {block.rank}) has {block.shape}"
+            )
     paths = {slot.path for slot in slots}
     found += [f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state" for r in manifest.leaves if r.path not in paths]
     found += [f"plain value {p!r} is in the checkpoint but not in the state" for p in manifest.values if p not in paths]
@@ -180,36 +230,70 @@ def _raise_on_differences(step: int, source: str, differences: list[list[str]]) 
         )
 
 
-def _targets(manifest: Manifest, slots: list[Slot], rank: int) -> list[_Target]:
+def _plan_reads(
+    manifest: Manifest, slots: list[Slot], size: int, rank: int, local_from: LocalSource | None
+) -> list[_Piece]:
+    """The stored blocks this rank reads, from the manifest alone."""
     stored = {record.path: record for record in manifest.leaves}
-    targets = []
+    source = _local_source(manifest, size, rank, local_from)
+    pieces: list[_Piece] = []
     for slot in slots:
-        if not isinstance(slot.value, ARRAY_LEAF_TYPES):
+        leaf = slot.value
+        if not isinstance(leaf, ARRAY_LEAF_TYPES):
             continue
         record = stored[slot.path]
-        destination = writable_target(slot.value.array, slot.path)
-        direct = destination.flags.c_contiguous
-        out = destination if direct else np.empty(destination.shape, dtype=record.dtype)
-        offset = record.block_of(rank).offset if record.kind == "distributed" else (0,) * out.ndim
-        targets.append(_Target(slot, ReadRequest(record, rank, offset, out), destination))
-    return targets
+        destination = writable_target(leaf.array, slot.path)
+        if leaf.kind == "distributed":
+            pieces += _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
+            continue
+        block = record.block_of(source if leaf.kind == "local" and source is not None else rank)
+        pieces.append(_whole_block_piece(record, block, destination))
+    return pieces
 
 
-def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, targets: list[_Target], rank: int) -> list[str]:
-    """Read this rank's blocks; describe each block that fails verification."""
+def _whole_block_piece(record: LeafRecord, block: Block, destination: np.ndarray) -> _Piece:
+    if destination.flags.c_contiguous:
+        return _Piece(BlockData(record, block, destination), destination, None)
+    everything = (Ellipsis,)
+    buffer = np.empty(block.shape, dtype=record.dtype)
+    return _Piece(BlockData(record, block, buffer), destination, (everything, everything))
+
+
+def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -> list[_Piece]:
+    """A piece per stored block that shares elements with ``box`` (this rank's box)."""
+    if math.prod(box[1]) == 0:
+        return []
+    pieces = []
+    for block in record.blocks:
+        stored_box = (block.offset, block.shape)
+        if stored_box == box:
+            pieces.append(_whole_block_piece(record, block, destination))
+            continue
+        common = intersection(stored_box, box)
+        if common is None:
+            continue
+        buffer = np.empty(block.shape, dtype=record.dtype)
+        slices = (local_slices(common, box), local_slices(common, stored_box))
+        pieces.append(_Piece(BlockData(record, block, buffer), destination, slices))
+    return pieces
+
+
+def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, pieces: list[_Piece], rank: int) -> list[str]:
+    """Read the planned blocks; describe each block that fails verification."""
     faults.point("restore.read", rank)
     directory = run_dir.step_path(step)
+    requests = [piece.request for piece in pieces]
     try:
-        backend.read(directory, [target.request for target in targets])
-    except (OSError, KeyError, ValueError) as exc:
+        backend.read(directory, [request for request in requests if request.block.size])
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:
         return [f"rank {rank} cannot read {directory}: {type(exc).__name__}: {exc}"]
     findings = []
-    for target in targets:
-        record = target.request.record
-        expected = record.block_of(rank).checksum
-        actual = block_checksum(target.request.out)
+    for request in requests:
+        expected = request.block.checksum
+        actual = block_checksum(request.array)
         if actual != expected:
             findings.append(
-                f"leaf {record.path!r}, block of rank {rank}: {ALGORITHM} checksum {actual} != stored {expected}"
+                f"leaf {request.record.path!r}, block of rank {request.block.rank}: "
+                f"{ALGORITHM} checksum {actual} != stored {expected}"
             )
     return findings

@@ -1,27 +1,83 @@
-"""Storage backends, looked up by name; each imports its I/O library only when used."""
+"""Storage backends, registered by name; each imports its I/O library only when opened."""
 
 from __future__ import annotations
 
-from .base import Backend
+import inspect
+from collections.abc import Callable
+from typing import Any
 
-BACKENDS = ("hdf5",)
-PLANNED_BACKENDS = ("adios2", "posix")
+from .base import Backend, BlockData
+
+BackendLoader = Callable[[], Callable[..., Backend]]
+_REGISTRY: dict[str, BackendLoader] = {}
 
 
-def open_backend(name: str) -> Backend:
-    """Return the backend called ``name``.
+def register_backend(name: str, loader: BackendLoader) -> None:
+    """Make ``open_backend(name, options)`` call ``loader()(**options)``.
+
+    ``loader`` imports and returns the backend class, so a backend's module (and its
+    I/O library) is imported only when the backend is used. The class should raise
+    ImportError, saying how to install what is missing, when its I/O library is
+    absent or unusable (for example built without MPI).
+    """
+    if name in _REGISTRY:
+        raise ValueError(f"a storage backend named {name!r} is already registered")
+    _REGISTRY[name] = loader
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered backend names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def open_backend(name: str | Backend, options: dict[str, Any] | None = None) -> Backend:
+    """Return the backend called ``name`` made with ``options`` (or ``name`` if a Backend).
 
     Raises
     ------
     ValueError
-        For a name that is not a backend, listing the ones there are.
+        For a name that is not registered (listing the ones that are), or options the
+        backend does not take.
     ImportError
-        When the backend's library is missing or built without MPI.
+        When the backend's library is missing or built without MPI; the message says
+        how to fix it.
     """
-    if name == "hdf5":
-        from .hdf5 import HDF5Backend
+    if not isinstance(name, str):
+        if options:
+            raise ValueError("backend_options apply to a backend given by name, not to a backend object")
+        return name
+    loader = _REGISTRY.get(name)
+    if loader is None:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(_REGISTRY)}")
+    backend_class = loader()
+    options = dict(options or {})
+    try:
+        inspect.signature(backend_class).bind(**options)
+    except TypeError as exc:
+        raise ValueError(f"backend {name!r} does not take backend_options {options!r}: {exc}") from exc
+    return backend_class(**options)
 
-        return HDF5Backend()
-    if name in PLANNED_BACKENDS:
-        raise ValueError(f"backend {name!r} is not implemented yet; available: {', '.join(BACKENDS)}")
-    raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+
+def _hdf5() -> Callable[..., Backend]:
+    from .hdf5 import HDF5Backend
+
+    return HDF5Backend
+
+
+def _adios2() -> Callable[..., Backend]:
+    from .bp5 import ADIOS2Backend
+
+    return ADIOS2Backend
+
+
+def _posix() -> Callable[..., Backend]:
+    from .posix import PosixBackend
+
+    return PosixBackend
+
+
+register_backend("hdf5", _hdf5)
+register_backend("adios2", _adios2)
+register_backend("posix", _posix)
+
+__all__ = ["Backend", "BlockData", "backend_names", "open_backend", "register_backend"]

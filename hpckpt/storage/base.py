@@ -1,41 +1,47 @@
 """The storage interface: where and how the bytes of a step go.
 
-A backend knows nothing of protocols. The protocol calls, per saved step:
+A backend knows nothing of protocols; it stores and fetches *blocks*: the part of a
+leaf one rank wrote (see :class:`~hpckpt.model.manifest.Block`). Per saved step the
+protocol calls:
 
-1. ``location(record)`` on every rank, for every leaf (pure, no I/O);
-2. ``write(comm, directory, records, arrays)`` on every rank together (collective),
-   into the step's temporary directory, which exists when it is called; returns the
-   file names it created (relative to ``directory``).
+1. ``layout(records)`` on every rank (pure, no I/O): the records with the backend's
+   ``location`` filled in for each leaf and, where the backend needs it, each block;
+   every rank computes the same layout from the same records;
+2. ``write(comm, directory, records, blocks)`` on every rank together (collective),
+   into the step's temporary directory, which exists when it is called. ``blocks``
+   are the blocks this process writes: with more than one rank, each rank passes its
+   own block of every distributed and local leaf (empty ones included) and rank 0 the
+   replicated ones; a single process (``hpckpt convert``) may pass every block.
+   Returns every file name of the step (relative to ``directory``), data durable.
 
 and per restored step:
 
-3. ``read(directory, requests)`` on each rank independently; a missing file or
-   dataset raises ``KeyError`` or ``OSError``.
+3. ``read(directory, requests)`` on each rank independently, whole stored blocks only;
+   a missing file, variable or dataset raises ``KeyError`` or ``OSError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..model.manifest import LeafRecord
+from ..model.manifest import Block, LeafRecord
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 
 @dataclass(frozen=True)
-class ReadRequest:
-    """Read ``record``'s block of ``rank`` (local) or box ``offset`` (others) into ``out``."""
+class BlockData:
+    """One stored block and its bytes: ``array`` (C-contiguous) is written, or read into."""
 
     record: LeafRecord
-    rank: int
-    offset: tuple[int, ...]
-    out: np.ndarray
+    block: Block
+    array: np.ndarray
 
 
 class Backend(Protocol):
@@ -43,13 +49,11 @@ class Backend(Protocol):
 
     name: str
 
-    def location(self, record: LeafRecord) -> dict[str, str]:
-        """Where ``record`` lives inside a step directory (file, dataset)."""
+    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+        """``records`` with their storage locations filled in. Pure and deterministic."""
 
-    def write(
-        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray]
-    ) -> list[str]:
-        """Write this rank's arrays. Collective over ``comm``."""
+    def write(self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]) -> list[str]:
+        """Write ``blocks``; return the step's file names. Collective over ``comm``."""
 
-    def read(self, directory: Path, requests: Sequence[ReadRequest]) -> None:
-        """Fill each request's ``out``. Independent: each rank calls on its own."""
+    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
+        """Fill each request's ``array`` with its stored block. Independent, per rank."""

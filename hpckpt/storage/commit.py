@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
+from dataclasses import replace
 from pathlib import Path
 
 from ..model.manifest import Manifest
@@ -80,12 +82,17 @@ class RunDirectory:
     def commit(self, manifest: Manifest) -> Path:
         """Make ``manifest.step`` durable and visible: fsync, manifest last, rename.
 
-        A committed step of the same number (saved again after a restart) is replaced.
+        The sizes of ``manifest.files`` are recorded as committed. A committed step of
+        the same number (saved again after a restart) is replaced.
         """
         step = manifest.step
         temp = self.temp_path(step)
+        sizes: dict[str, int | None] = {}
         for name in manifest.files:
             _fsync_path(temp / name)
+            status = os.stat(temp / name)
+            sizes[name] = None if stat.S_ISDIR(status.st_mode) else status.st_size
+        manifest = replace(manifest, files=sizes)
         manifest_file = temp / MANIFEST_NAME
         with open(manifest_file, "w", encoding="utf-8") as handle:
             handle.write(manifest.to_json())
@@ -119,6 +126,20 @@ class RunDirectory:
             if entry.name.startswith("step-") and entry.name.endswith(_TRANSIENT_SUFFIXES):
                 shutil.rmtree(entry.path, ignore_errors=True)
         return doomed
+
+    def missing_or_resized(self, step: int, files: dict[str, int | None]) -> list[str]:
+        """What is wrong with step ``step``'s files: missing, or not of their committed size."""
+        problems = []
+        for name, size in files.items():
+            path = self.step_path(step) / name
+            try:
+                status = os.stat(path)
+            except OSError as exc:
+                problems.append(f"{path} is missing ({exc.strerror})")
+                continue
+            if size is not None and status.st_size != size:
+                problems.append(f"{path} has {status.st_size} bytes, but {size} were committed")
+        return problems
 
     def read_manifest(self, step: int) -> str:
         """The text of committed step ``step``'s manifest."""

@@ -13,14 +13,15 @@ while reading cannot leave the others waiting in a collective call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..model.manifest import LeafRecord
-from .base import ReadRequest
+from .base import BlockData
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -54,33 +55,36 @@ class HDF5Backend:
     def __init__(self) -> None:
         self._h5py = _h5py()
 
-    def location(self, record: LeafRecord) -> dict[str, str]:
-        """The file and dataset (or group, for local leaves) that hold ``record``."""
-        return {"file": FILE_NAME, "dataset": f"/{record.path}"}
+    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+        """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
+        return tuple(replace(record, location={"file": FILE_NAME, "dataset": f"/{record.path}"}) for record in records)
 
     def write(
-        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray]
+        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
     ) -> list[str]:
-        """Create every dataset collectively, then write this rank's blocks.
+        """Create every dataset collectively, then write ``blocks``.
 
-        Collective over ``comm``: every rank passes the same ``records`` in the same
-        order. Distributed leaves are written with collective hyperslab I/O (ranks
-        with an empty box take part with an empty selection), replicated leaves by
-        rank 0 alone, local leaves by their own rank, independently.
+        Collective over ``comm``: every rank passes the same ``records``. Distributed
+        blocks are written with collective hyperslab I/O, one call per block, so with
+        several ranks each passes exactly its own block of each distributed leaf
+        (empty boxes take part with an empty selection). Replicated and local blocks
+        are written independently.
         """
         h5py = self._h5py
         with h5py.File(directory / FILE_NAME, "w", driver="mpio", comm=comm) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
             datasets = {record.path: self._create(h5, record) for record in records}
-            for record in records:
-                array = arrays[record.path]
-                if record.kind == "distributed":
-                    box = record.block_of(comm.rank)
-                    _write_box(datasets[record.path], box.offset, array, collective=True)
-                elif record.kind == "replicated" and comm.rank == 0:
-                    _write_box(datasets[record.path], (0,) * array.ndim, array, collective=False)
-                elif record.kind == "local":
-                    _write_box(datasets[record.path][comm.rank], (0,) * array.ndim, array, collective=False)
+            for data in blocks:
+                record, block = data.record, data.block
+                if record.kind == "distributed" and 0 in record.global_shape:
+                    continue  # an empty dataset: nothing to write, on every rank alike
+                if record.kind != "distributed" and block.size == 0:
+                    continue
+                if record.kind == "local":
+                    _write_box(datasets[record.path][block.rank], (0,) * data.array.ndim, data.array, collective=False)
+                else:
+                    collective = record.kind == "distributed"
+                    _write_box(datasets[record.path], block.offset, data.array, collective=collective)
             h5.flush()  # MPI_File_sync on every rank: data durable before the commit
         return [FILE_NAME]
 
@@ -88,30 +92,30 @@ class HDF5Backend:
         if record.kind == "local":
             group = h5.create_group(record.path)
             group.attrs["hpckpt_kind"] = record.kind
-            return [
-                group.create_dataset(local_block_name(block.rank), shape=block.shape, dtype=record.dtype)
+            return {
+                block.rank: group.create_dataset(local_block_name(block.rank), shape=block.shape, dtype=record.dtype)
                 for block in record.blocks
-            ]
+            }
         dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype)
         dataset.attrs["hpckpt_kind"] = record.kind
         return dataset
 
-    def read(self, directory: Path, requests: Sequence[ReadRequest]) -> None:
-        """Fill each request's ``out`` from ``data.h5``. Independent (not collective)."""
+    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
+        """Fill each request's ``array`` from ``data.h5``. Independent (not collective)."""
         if not requests:
             return
         with self._h5py.File(directory / FILE_NAME, "r") as h5:
             for request in requests:
-                record = request.record
+                record, block = request.record, request.block
                 if record.kind == "local":
-                    dataset = h5[record.location["dataset"]][local_block_name(request.rank)]
-                    expected = request.out.shape
+                    dataset = h5[record.location["dataset"]][local_block_name(block.rank)]
+                    expected = block.shape
                 else:
                     dataset = h5[record.location["dataset"]]
                     expected = record.global_shape
                 if dataset.shape != expected:
                     raise KeyError(f"dataset {dataset.name} has shape {dataset.shape}, expected {expected}")
-                _read_box(dataset, request.offset, request.out)
+                _read_box(dataset, block.offset if record.kind != "local" else (0,) * len(expected), request.array)
 
 
 def _selections(dataset: Any, offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[Any, Any]:

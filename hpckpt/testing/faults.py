@@ -7,7 +7,8 @@ Set ``HPCKPT_FAULT=POINT:RANK:ACTION[:NTH]`` to make rank ``RANK`` (of
 - ``raise``: raise :class:`InjectedFault` (a software error on one rank).
 
 Faults fire only on the first attempt of a relaunched job (``HPCKPT_ATTEMPT`` unset
-or ``0``), so ``hpckpt run`` can then finish the job. Points: ``save.plan``,
+or ``0``), so ``hpckpt run`` can then finish the job. Counting restarts whenever the
+variable's value changes. Points: ``save.plan``,
 ``save.write``, ``save.commit``, ``save.retain``, ``restore.read``.
 """
 
@@ -20,6 +21,7 @@ from collections import Counter
 ENV = "HPCKPT_FAULT"
 ACTIONS = ("kill", "raise")
 _reached: Counter[str] = Counter()
+_active_spec: str | None = None
 
 
 class InjectedFault(RuntimeError):
@@ -33,7 +35,11 @@ def first_attempt() -> bool:
 
 def point(name: str, rank: int) -> None:
     """Mark that ``rank`` reached point ``name``; act if ``HPCKPT_FAULT`` asks to."""
+    global _active_spec
     spec = os.environ.get(ENV)
+    if spec != _active_spec:  # a new fault plan counts from zero
+        _active_spec = spec
+        _reached.clear()
     if not spec or not first_attempt():
         return
     fields = spec.split(":")

@@ -24,3 +24,19 @@ def run_dir(mpi_tmp_path, comm):
     if comm is MPI.COMM_SELF:
         return mpi_tmp_path / f"self-rank-{MPI.COMM_WORLD.rank}"
     return mpi_tmp_path / "world"
+
+
+# Every storage backend, by the Checkpointer arguments that select it. A new backend is
+# added here and must pass tests/mpi/test_conformance.py and test_rank_change.py unchanged.
+BACKENDS = {
+    "hdf5": {"backend": "hdf5"},
+    "adios2": {"backend": "adios2"},
+    "posix": {"backend": "posix"},
+    "posix-shared": {"backend": "posix", "backend_options": {"ranks_per_file": 3, "segment_alignment": 4096}},
+}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request):
+    """Checkpointer keyword arguments selecting one backend."""
+    return BACKENDS[request.param]

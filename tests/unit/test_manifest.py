@@ -28,7 +28,7 @@ def make_manifest() -> Manifest:
         values={"iteration": 7, "name": "run", "loss": float("nan")},
         created=1.0,
         committed=2.0,
-        files=("data.h5",),
+        files={"data.h5": 10},
     )
 
 
@@ -37,7 +37,7 @@ def test_round_trip_is_exact():
     again = Manifest.from_json(manifest.to_json(), "m.json")
     assert again.leaves == manifest.leaves
     assert again.values["iteration"] == 7 and again.values["loss"] != again.values["loss"]
-    assert (again.step, again.world_size, again.files) == (7, 2, ("data.h5",))
+    assert (again.step, again.world_size, again.files) == (7, 2, {"data.h5": 10})
     assert json.loads(manifest.to_json())["version"] == 1
 
 

@@ -1,0 +1,186 @@
+"""ADIOS2 backend: one BP5 directory per step, written collectively over MPI.
+
+Layout of ``data.bp`` (readable with plain ``adios2.FileReader``):
+
+- a distributed or replicated leaf ``a/b`` is the global array variable ``a/b`` of
+  shape ``global_shape``; each rank puts its box (``start`` = offset, ``count`` =
+  shape), rank 0 alone the whole replicated array;
+- a local leaf ``a/b`` is the local array variable ``a/b`` (no global shape); each
+  rank's non-empty block is one ADIOS2 block, and the manifest gives its block id
+  (blocks are numbered in rank order, empty ones are not stored);
+- a 0-d array is stored as a 1-element 1-D array; a dtype ADIOS2 has no type for
+  (bool, float16, non-native byte order, ...) is stored as ``uint8`` with one more,
+  last, axis of ``itemsize`` bytes, and the leaf's ``location`` says
+  ``"encoding": "bytes"``;
+- each variable has the attribute ``hpckpt_kind``.
+
+Writes go through ``ADIOS(comm)`` with the engine parameters of the backend (defaults
+in :data:`DEFAULT_PARAMETERS`, tuned in ``perf/``); reads open the step serially in
+random-access mode, so a failing reader cannot hang its peers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..model.manifest import Block, LeafRecord
+from .base import BlockData
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+DIRECTORY_NAME = "data.bp"
+DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off"}
+_NATIVE_TYPES = {
+    np.dtype(name)
+    for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+    + ("float32", "float64", "complex64", "complex128")
+}
+
+
+def _bindings() -> Any:
+    try:
+        import adios2
+    except ImportError as exc:
+        raise ImportError(
+            "the adios2 backend needs the adios2 Python package built with MPI; run `make install` "
+            "(docs/install.md builds it from source with ADIOS2_USE_MPI=ON)"
+        ) from exc
+    if not adios2.is_built_with_mpi:
+        raise ImportError(
+            "the adios2 backend needs ADIOS2 built with MPI (adios2.is_built_with_mpi is False); "
+            "rebuild it with ADIOS2_USE_MPI=ON against the MPI that mpi4py uses (see docs/install.md)"
+        )
+    return adios2.bindings
+
+
+def stores_bytes(dtype: str) -> bool:
+    """True when arrays of ``dtype`` are stored as raw ``uint8`` (ADIOS2 lacks the type)."""
+    return np.dtype(dtype) not in _NATIVE_TYPES or not np.dtype(dtype).isnative
+
+
+def _stored_view(array: np.ndarray, as_bytes: bool) -> np.ndarray:
+    """``array`` (C-contiguous) as ADIOS2 stores it, sharing its memory."""
+    view = array.reshape(array.shape or (1,))
+    return view.view(np.uint8).reshape(view.shape + (array.itemsize,)) if as_bytes else view
+
+
+def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], list[int]]:
+    """The stored variable's shape, and ``block``'s start and count in it."""
+    extra = [record.itemsize] if record.location.get("encoding") == "bytes" else []
+    count = list(block.shape or (1,)) + extra
+    if record.kind == "local":
+        return [], [], count
+    shape = list(record.global_shape or (1,)) + extra
+    start = list(block.offset or (0,)) + [0] * len(extra)
+    return shape, start, count
+
+
+class ADIOS2Backend:
+    """ADIOS2 BP5 storage (see the module docstring for the layout).
+
+    Parameters
+    ----------
+    parameters
+        Engine parameters (``NumAggregators``, ``AggregationType``,
+        ``BufferChunkSize``, ``MaxShmSize``, ...), merged over
+        :data:`DEFAULT_PARAMETERS`; values are strings, as ADIOS2 takes them.
+    engine
+        The ADIOS2 engine (default ``BP5``).
+    """
+
+    name = "adios2"
+
+    def __init__(self, parameters: Mapping[str, Any] | None = None, engine: str = "BP5") -> None:
+        self._adios2 = _bindings()
+        self.engine = engine
+        self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
+
+    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+        """Variables are named by leaf path; local blocks get their ADIOS2 block id."""
+        placed = []
+        for record in records:
+            location: dict[str, Any] = {"directory": DIRECTORY_NAME, "variable": record.path}
+            if stores_bytes(record.dtype):
+                location["encoding"] = "bytes"
+            blocks = record.blocks
+            if record.kind == "local":
+                stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
+                ids = {block.rank: index for index, block in enumerate(stored)}
+                blocks = tuple(replace(b, location={"block_id": ids[b.rank]}) if b.size else b for b in blocks)
+            placed.append(replace(record, blocks=blocks, location=location))
+        return tuple(placed)
+
+    def write(
+        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+    ) -> list[str]:
+        """Put every non-empty block in one BP5 step and close it. Collective over ``comm``.
+
+        A process writing several blocks of one local leaf (``hpckpt convert``) must
+        pass them in rank order, so block ids match the layout.
+        """
+        bindings = self._adios2
+        adios = bindings.ADIOS(comm)
+        io = adios.DeclareIO("hpckpt-write")
+        io.SetEngine(self.engine)
+        io.SetParameters(self.parameters)
+        engine = io.Open(str(directory / DIRECTORY_NAME), bindings.Mode.Write)
+        engine.BeginStep()
+        variables: dict[str, Any] = {}
+        for data in blocks:
+            record = data.record
+            if data.block.size == 0:
+                continue
+            stored = _stored_view(data.array, record.location.get("encoding") == "bytes")
+            shape, start, count = _selection(record, data.block)
+            variable = variables.get(record.path)
+            if variable is None:
+                variable = io.DefineVariable(record.path, stored, shape, start, count, False)
+                io.DefineAttribute("hpckpt_kind", record.kind, record.path, "/")
+                variables[record.path] = variable
+            else:
+                variable.SetSelection([start, count])
+            engine.Put(variable, stored, bindings.Mode.Sync)
+        engine.EndStep()
+        engine.Close()
+        adios.RemoveAllIOs()
+        root = directory / DIRECTORY_NAME
+        return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
+
+    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
+        """Fill each request's ``array`` from ``data.bp``. Independent (serial ADIOS2)."""
+        requests = [request for request in requests if request.block.size]
+        if not requests:
+            return
+        bindings = self._adios2
+        path = directory / DIRECTORY_NAME
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} does not exist")
+        adios = bindings.ADIOS()
+        io = adios.DeclareIO("hpckpt-read")
+        io.SetEngine(self.engine)
+        engine = io.Open(str(path), bindings.Mode.ReadRandomAccess)
+        try:
+            for request in requests:
+                record, block = request.record, request.block
+                variable = io.InquireVariable(record.location["variable"])
+                if variable is None:
+                    raise KeyError(f"{path} has no variable {record.location['variable']!r}")
+                shape, start, count = _selection(record, block)
+                if record.kind == "local":
+                    variable.SetBlockSelection(block.location["block_id"])
+                    if list(variable.Count()) != count:
+                        raise KeyError(f"{path}: block {block.location['block_id']} of {record.path!r} has count {variable.Count()}, expected {count}")
+                else:
+                    if list(variable.Shape()) != shape:
+                        raise KeyError(f"{path}: variable {record.path!r} has shape {variable.Shape()}, expected {shape}")
+                    variable.SetSelection([start, count])
+                engine.Get(variable, _stored_view(request.array, record.location.get("encoding") == "bytes"), bindings.Mode.Sync)
+        finally:
+            engine.Close()

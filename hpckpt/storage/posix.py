@@ -1,0 +1,151 @@
+"""File-per-process backend: raw bytes at offsets recorded in the manifest; no I/O library.
+
+Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per rank):
+
+- ``data-00000.bin`` holds the segments of ranks ``0 .. k-1``, ``data-00001.bin``
+  those of ranks ``k .. 2k-1``, and so on;
+- a rank's segment is its blocks in manifest order (local and distributed blocks of
+  its own, and every replicated block if it is rank 0), each starting at a multiple
+  of ``block_alignment`` bytes; segments sharing a file start at multiples of
+  ``segment_alignment`` (1 MiB, a common Lustre stripe size, so two ranks never
+  write the same stripe);
+- each block's ``location`` in the manifest is ``{"file": ..., "offset": ...}``; the
+  bytes are the C-order array in the manifest's dtype (byte order included).
+
+Every rank writes its own segment with ``pwrite`` and fsyncs it; no two ranks write
+the same byte. Reads use ``preadv`` straight into the destination array.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..model.manifest import Block, LeafRecord
+from .base import BlockData
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+_MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"posix backend: {name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRecord, Block]]:
+    """Every stored block with the rank that writes it, in manifest order."""
+    for record in records:
+        for block in record.blocks:
+            yield block.rank if record.kind != "replicated" else 0, record, block
+
+
+class PosixBackend:
+    """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module)."""
+
+    name = "posix"
+
+    def __init__(self, ranks_per_file: int = 1, block_alignment: int = 64, segment_alignment: int = 1 << 20) -> None:
+        self.ranks_per_file = _positive_int("ranks_per_file", ranks_per_file)
+        self.block_alignment = _positive_int("block_alignment", block_alignment)
+        self.segment_alignment = _positive_int("segment_alignment", segment_alignment)
+
+    def file_of(self, rank: int) -> str:
+        """The file that holds ``rank``'s segment."""
+        return f"data-{rank // self.ranks_per_file:05d}.bin"
+
+    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+        """Give every block a file and byte offset (the same on every rank)."""
+        relative: dict[tuple[str, int], int] = {}
+        segment_bytes: dict[int, int] = {}
+        for rank, record, block in _stored_blocks(records):
+            start = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
+            relative[(record.path, block.rank)] = start
+            segment_bytes[rank] = start + block.size * record.itemsize
+        world = max((block.rank for record in records for block in record.blocks), default=0) + 1
+        segment_start: dict[int, int] = {}
+        for rank in range(world):
+            first_in_file = rank - rank % self.ranks_per_file
+            if rank == first_in_file:
+                segment_start[rank] = 0
+            else:
+                previous_end = segment_start[rank - 1] + segment_bytes.get(rank - 1, 0)
+                segment_start[rank] = _round_up(previous_end, self.segment_alignment)
+        placed = []
+        for record in records:
+            blocks = []
+            for block in record.blocks:
+                rank = block.rank if record.kind != "replicated" else 0
+                offset = segment_start[rank] + relative[(record.path, block.rank)]
+                blocks.append(replace(block, location={"file": self.file_of(rank), "offset": offset}))
+            placed.append(replace(record, blocks=tuple(blocks)))
+        return tuple(placed)
+
+    def write(
+        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+    ) -> list[str]:
+        """Write ``blocks`` at their offsets and fsync them.
+
+        Collective over ``comm`` only in that every rank returns the same file list;
+        no messages are exchanged. Each rank creates its own file even when its
+        segment is empty, so every listed file exists.
+        """
+        names = sorted({block.location["file"] for record in records for block in record.blocks})
+        world = max((block.rank for record in records for block in record.blocks), default=0) + 1
+        mine = {self.file_of(rank) for rank in range(world) if comm.size == 1 or rank == comm.rank}
+        by_file: dict[str, list[BlockData]] = {name: [] for name in mine}
+        for data in blocks:
+            by_file.setdefault(data.block.location["file"], []).append(data)
+        for name, contents in by_file.items():
+            descriptor = os.open(directory / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                for data in contents:
+                    _write_all(descriptor, data.array, data.block.location["offset"])
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        return names
+
+    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
+        """Fill each request's ``array`` from its file and offset. Independent."""
+        descriptors: dict[str, int] = {}
+        try:
+            for request in requests:
+                name = request.block.location["file"]
+                if name not in descriptors:
+                    descriptors[name] = os.open(directory / name, os.O_RDONLY)
+                _read_all(descriptors[name], request.array, request.block.location["offset"], directory / name)
+        finally:
+            for descriptor in descriptors.values():
+                os.close(descriptor)
+
+
+def _write_all(descriptor: int, array: np.ndarray, offset: int) -> None:
+    view = memoryview(array.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        done += os.pwrite(descriptor, view[done : done + _MAX_IO], offset + done)
+
+
+def _read_all(descriptor: int, array: np.ndarray, offset: int, path: Path) -> None:
+    if not array.flags.c_contiguous:
+        raise ValueError("posix backend reads only into C-contiguous arrays")
+    view = memoryview(array.reshape(-1).view(np.uint8))
+    done = 0
+    while done < len(view):
+        count = os.preadv(descriptor, [view[done : done + _MAX_IO]], offset + done)
+        if count == 0:
+            raise OSError(f"{path} ends at byte {offset + done}, expected {len(view) - done} more bytes there")
+        done += count
