@@ -36,11 +36,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("hdf5", "adios2", "posix"), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     parser.add_argument("--out", help="rank 0 writes the final global field here (.npy)")
+    parser.add_argument(
+        "--stop-at-iter", type=int, help="save a checkpoint at this iteration and exit (to resume, maybe on other ranks)"
+    )
     parser.add_argument("--crash-at-iter", type=int, help="rank --crash-rank SIGKILLs itself at this iteration")
     parser.add_argument("--crash-rank", type=int, default=0, help="the rank that crashes (default 0)")
     args = parser.parse_args(argv)
     if args.n < 3 or args.iters < 0 or args.every < 0:
         parser.error("need --n >= 3, --iters >= 0 and --every >= 0")
+    if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
+        parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
     return args
 
 
@@ -110,9 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             exchange_halos(comm, u)
             jacobi_sweep(u, first_row, args.n)
             done = iteration + 1
-            if args.every and done % args.every == 0 and done < args.iters:
+            stopping = done == args.stop_at_iter
+            if (args.every and done % args.every == 0 and done < args.iters) or stopping:
                 state["iteration"] = done
                 checkpointer.save(done, state)
+            if stopping:
+                if comm.rank == 0:
+                    print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done})")
+                return 0
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
     field = gather_field(comm, u[1:-1], args.n)
     if comm.rank == 0:
