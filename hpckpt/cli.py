@@ -1,20 +1,37 @@
 """The ``hpckpt`` command line (also ``python -m hpckpt``).
 
-Subcommands that need no MPI (``run``) never initialise it.
+Every subcommand is serial and never needs ``mpiexec``: ``run`` relaunches a job;
+``ls``, ``inspect``, ``verify``, ``convert`` and ``gc`` work on a run directory.
+Exit status: 0 on success, 1 when ``verify`` finds a bad block, 2 on bad usage or a
+directory or step that cannot be read.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
 from collections.abc import Sequence
+from typing import Any
 
+from .errors import HpckptError
 from .recovery.relaunch import run_with_relaunch
+
+BACKEND_CHOICES = ("hdf5", "adios2", "posix")
 
 
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
@@ -39,6 +56,44 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--delay", type=_non_negative_float, default=1.0, help="seconds to wait before a relaunch (default 1)")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command, after --")
     run.set_defaults(handler=_run, subparser=run)
+
+    listing = commands.add_parser("ls", help="list the steps of a run directory", description="List every step "
+                                  "directory with its status (committed, incomplete, corrupt), size, commit time, "
+                                  "backend, protocol and number of ranks.")
+    listing.add_argument("directory")
+    listing.add_argument("--json", action="store_true", help="print JSON for scripts")
+    listing.set_defaults(handler=_ls)
+
+    inspect = commands.add_parser("inspect", help="show the state tree of a step", description="Show a step's leaves "
+                                  "with their kinds, dtypes, shapes and each rank's box, and its plain values.")
+    inspect.add_argument("directory")
+    inspect.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
+    inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
+    inspect.set_defaults(handler=_inspect)
+
+    verify = commands.add_parser("verify", help="recompute every checksum of a step", description="Check the "
+                                 "step's file sizes and recompute every block's checksum. Exit 0 when all match; "
+                                 "1, naming the first bad leaf, rank and file, when not.")
+    verify.add_argument("directory")
+    verify.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
+    verify.add_argument("--json", action="store_true", help="print JSON for scripts")
+    verify.set_defaults(handler=_verify)
+
+    convert = commands.add_parser("convert", help="rewrite checkpoints with another backend", description="Rewrite "
+                                  "the committed steps of SRC into the run directory DST with another backend. The "
+                                  "result verifies and restores like the original.")
+    convert.add_argument("source", metavar="SRC")
+    convert.add_argument("destination", metavar="DST")
+    convert.add_argument("--to", choices=BACKEND_CHOICES, required=True, help="the backend to write")
+    convert.add_argument("--step", type=_non_negative_int, help="convert only this step (default: every committed one)")
+    convert.set_defaults(handler=_convert)
+
+    gc = commands.add_parser("gc", help="remove incomplete steps and old ones", description="Delete leftovers of "
+                             "crashed or interrupted saves (*.tmp, *.deleting, *.replaced) and all but the newest "
+                             "KEEP committed steps. Do not run it while a job is saving into DIRECTORY.")
+    gc.add_argument("directory")
+    gc.add_argument("--keep", type=_positive_int, required=True, help="committed steps to keep (>= 1)")
+    gc.set_defaults(handler=_gc)
     return parser
 
 
@@ -49,7 +104,162 @@ def _run(args: argparse.Namespace) -> int:
     return run_with_relaunch(command, max_restarts=args.max_restarts, delay=args.delay)
 
 
+def _reader(directory: str) -> Any:
+    from .catalog import CheckpointReader
+
+    return CheckpointReader(directory)
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .progress import human_bytes
+
+    rows = []
+    for entry in _reader(args.directory).entries():
+        manifest = entry.manifest
+        rows.append({
+            "step": entry.step,
+            "status": entry.status,
+            "path": str(entry.path),
+            "bytes": entry.bytes,
+            "committed": manifest.committed if manifest else None,
+            "backend": manifest.backend if manifest else None,
+            "protocol": manifest.protocol if manifest else None,
+            "world_size": manifest.world_size if manifest else None,
+            "problem": entry.problem,
+        })  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'STEP':>10}  {'STATUS':<10}  {'SIZE':>10}  {'COMMITTED':<19}  {'BACKEND':<7}  {'PROTOCOL':<13}  RANKS")
+    for row in rows:
+        committed = _when(row["committed"]) if row["committed"] else "-"
+        print(
+            f"{row['step']:>10}  {row['status']:<10}  {human_bytes(row['bytes']):>10}  {committed:<19}  "
+            f"{row['backend'] or '-':<7}  {row['protocol'] or '-':<13}  {row['world_size'] or '-'}"
+        )
+        if row["problem"]:
+            print(f"{'':>10}  {row['problem']}")
+    return 0
+
+
+def _box(offset: Sequence[int], shape: Sequence[int]) -> str:
+    return "[" + ", ".join(f"{o}:{o + n}" for o, n in zip(offset, shape)) + "]"
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .progress import human_bytes
+
+    manifest = _reader(args.directory).manifest(args.step)
+    leaves = []
+    for record in manifest.leaves:
+        leaves.append({
+            "path": record.path,
+            "kind": record.kind,
+            "dtype": str(np.dtype(record.dtype)),
+            "shape": list(record.global_shape) if record.global_shape is not None else None,
+            "blocks": [{"rank": b.rank, "offset": list(b.offset), "shape": list(b.shape)} for b in record.blocks],
+            "location": record.location,
+        })  # fmt: skip
+    summary = {
+        "step": manifest.step,
+        "backend": manifest.backend,
+        "protocol": manifest.protocol,
+        "world_size": manifest.world_size,
+        "committed": manifest.committed,
+        "checksum_algorithm": manifest.checksum_algorithm,
+        "leaves": leaves,
+        "values": manifest.values,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+    print(
+        f"step {manifest.step}: backend {manifest.backend}, protocol {manifest.protocol}, "
+        f"{manifest.world_size} ranks, committed {_when(manifest.committed)}, {human_bytes(total)} of arrays"
+    )
+    for leaf in leaves:
+        shape = tuple(leaf["shape"]) if leaf["shape"] is not None else "per rank"
+        print(f"  {leaf['path']}: {leaf['kind']} {leaf['dtype']} {shape}")
+        for block in leaf["blocks"]:
+            where = _box(block["offset"], block["shape"]) if leaf["kind"] == "distributed" else tuple(block["shape"])
+            print(f"      rank {block['rank']}: {where}")
+    for path, value in manifest.values.items():
+        print(f"  {path}: value {value!r}")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .progress import ProgressLine
+
+    reader = _reader(args.directory)
+    manifest = reader.manifest(args.step)
+    total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+    progress = ProgressLine(f"verify step {manifest.step}", total)
+    findings = reader.verify(manifest.step, progress)
+    progress.close()
+    blocks = sum(len(record.blocks) for record in manifest.leaves)
+    if args.json:
+        print(json.dumps({
+            "step": manifest.step,
+            "ok": not findings,
+            "blocks": blocks,
+            "bytes": total,
+            "findings": [vars(finding) for finding in findings],
+        }, indent=1))  # fmt: skip
+    elif findings:
+        first = findings[0]
+        print(f"step {manifest.step}: BAD: {first.message}")
+        if len(findings) > 1:
+            print(f"step {manifest.step}: and {len(findings) - 1} more bad block(s) or file(s)")
+    else:
+        print(f"step {manifest.step}: OK: {blocks} blocks, {total} bytes, every {manifest.checksum_algorithm} checksum matches")
+    return 1 if findings else 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .convert import convert_step
+    from .progress import ProgressLine
+
+    reader = _reader(args.source)
+    steps = [args.step] if args.step is not None else reader.steps()
+    if not steps:
+        raise HpckptError(f"{args.source} holds no committed step to convert")
+    for step in steps:
+        manifest = reader.manifest(step)
+        total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+        progress = ProgressLine(f"convert step {step}", total)
+        path = convert_step(reader, step, args.destination, args.to, progress=progress)
+        progress.close()
+        print(f"step {step}: {manifest.backend} -> {args.to}: {path}")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    reader = _reader(args.directory)
+    leftovers = [entry for entry in reader.entries() if entry.path.suffix in (".tmp", ".deleting", ".replaced")]
+    deleted = reader.run_dir.retain(args.keep)
+    for entry in leftovers:
+        print(f"removed incomplete {entry.path}")
+    for step in deleted:
+        print(f"removed step {step}")
+    print(f"kept {len(reader.steps())} committed step(s)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``hpckpt`` command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (HpckptError, OSError, KeyError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"hpckpt {args.command}: error: {message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,205 @@
+"""A serial, read-only view of a run directory, for the CLI and for scripts.
+
+Nothing here needs ``mpiexec`` or talks to other ranks: :class:`CheckpointReader`
+lists the steps and their status, reads any stored block (checking its checksum),
+assembles whole arrays and verifies steps. It is also the documented way to take
+Local leaves to a job of another size: every rank reads every writer's block with
+:meth:`CheckpointReader.local_blocks` and picks what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .checksum import ALGORITHM, block_checksum
+from .errors import CorruptCheckpointError
+from .model.boxes import local_slices
+from .model.manifest import Block, LeafRecord, Manifest
+from .storage import open_backend
+from .storage.base import Backend, BlockData
+from .storage.commit import MANIFEST_NAME, RunDirectory
+
+_ENTRY = re.compile(r"^step-(\d{8,})(\.tmp|\.deleting|\.replaced)?$")
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """One step directory and what state it is in.
+
+    ``status`` is ``committed`` (manifest valid, files of their committed size),
+    ``corrupt`` (a manifest that does not parse, or missing or resized files) or
+    ``incomplete`` (being written or deleted, or left so by a crash).
+    """
+
+    step: int
+    status: str
+    path: Path
+    bytes: int
+    manifest: Manifest | None
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A block that failed verification: which leaf, which writer rank, which file."""
+
+    path: str
+    rank: int
+    file: str
+    message: str
+
+
+def stored_file(record: LeafRecord, block: Block) -> str:
+    """The file (or directory) of a step that holds ``block`` of ``record``."""
+    location = {**record.location, **block.location}
+    return str(location.get("file") or location.get("directory") or "")
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file())
+
+
+class CheckpointReader:
+    """Read any step of the run directory ``directory`` from one process.
+
+    Parameters
+    ----------
+    directory
+        A run directory written by :class:`hpckpt.Checkpointer`.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.run_dir = RunDirectory(directory)
+        if not self.run_dir.root.is_dir():
+            raise FileNotFoundError(f"{self.run_dir.root} is not a directory")
+        self._backends: dict[str, Backend] = {}
+
+    def entries(self) -> list[StepEntry]:
+        """Every step directory (committed, corrupt or incomplete), oldest step first."""
+        found = []
+        for entry in sorted(os.scandir(self.run_dir.root), key=lambda e: e.name):
+            match = _ENTRY.match(entry.name)
+            if not match or not entry.is_dir():
+                continue
+            path, step = Path(entry.path), int(match.group(1))
+            size = _tree_bytes(path)
+            if match.group(2) or not (path / MANIFEST_NAME).exists():
+                found.append(StepEntry(step, "incomplete", path, size, None, None))
+                continue
+            try:
+                manifest = self.manifest(step)
+            except CorruptCheckpointError as exc:
+                found.append(StepEntry(step, "corrupt", path, size, None, str(exc)))
+                continue
+            problems = self.run_dir.missing_or_resized(step, manifest.files)
+            status = "corrupt" if problems else "committed"
+            found.append(StepEntry(step, status, path, size, manifest, problems[0] if problems else None))
+        return sorted(found, key=lambda e: (e.step, e.status != "committed"))
+
+    def steps(self) -> list[int]:
+        """Committed steps (with a manifest in place), oldest first."""
+        return self.run_dir.committed_steps()
+
+    def newest(self) -> int:
+        """The newest committed step; CorruptCheckpointError when there is none."""
+        steps = self.steps()
+        if not steps:
+            raise CorruptCheckpointError(f"{self.run_dir.root} holds no committed step")
+        return steps[-1]
+
+    def manifest(self, step: int | None = None) -> Manifest:
+        """The manifest of ``step`` (default: the newest committed step)."""
+        step = self.newest() if step is None else step
+        path = self.run_dir.manifest_path(step)
+        try:
+            text = self.run_dir.read_manifest(step)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
+        return Manifest.from_json(text, str(path))
+
+    def record(self, path: str, step: int | None = None) -> LeafRecord:
+        """The stored record of leaf ``path``; KeyError naming the leaves there are."""
+        manifest = self.manifest(step)
+        for record in manifest.leaves:
+            if record.path == path:
+                return record
+        raise KeyError(f"step {manifest.step} has no array leaf {path!r}; it has {[r.path for r in manifest.leaves]}")
+
+    def _backend(self, name: str) -> Backend:
+        if name not in self._backends:
+            self._backends[name] = open_backend(name)
+        return self._backends[name]
+
+    def read_block(self, record: LeafRecord, block: Block, step: int, *, backend: str) -> np.ndarray:
+        """One stored block, checked against its checksum (CorruptCheckpointError if not)."""
+        array = np.empty(block.shape, dtype=record.dtype)
+        if block.size:
+            self._backend(backend).read(self.run_dir.step_path(step), [BlockData(record, block, array)])
+        actual = block_checksum(array)
+        if actual != block.checksum:
+            raise CorruptCheckpointError(
+                f"step {step}, leaf {record.path!r}, block of rank {block.rank} in "
+                f"{self.run_dir.step_path(step) / stored_file(record, block)}: "
+                f"{ALGORITHM} checksum {actual} != stored {block.checksum}"
+            )
+        return array
+
+    def local_blocks(self, path: str, step: int | None = None) -> list[np.ndarray]:
+        """Every writer rank's block of Local leaf ``path``, indexed by writer rank."""
+        manifest = self.manifest(step)
+        record = self.record(path, manifest.step)
+        if record.kind != "local":
+            raise ValueError(f"leaf {path!r} is {record.kind}, not local")
+        blocks = sorted(record.blocks, key=lambda b: b.rank)
+        return [self.read_block(record, block, manifest.step, backend=manifest.backend) for block in blocks]
+
+    def read_array(self, path: str, step: int | None = None) -> np.ndarray:
+        """The whole array of a Distributed or Replicated leaf ``path``."""
+        manifest = self.manifest(step)
+        record = self.record(path, manifest.step)
+        if record.kind == "local":
+            raise ValueError(f"leaf {path!r} is local: read it with local_blocks()")
+        whole = np.empty(record.global_shape, dtype=record.dtype)
+        everything = ((0,) * whole.ndim, whole.shape)
+        for block in record.blocks:
+            data = self.read_block(record, block, manifest.step, backend=manifest.backend)
+            whole[local_slices((block.offset, block.shape), everything)] = data
+        return whole
+
+    def blocks(self, step: int) -> Iterator[tuple[LeafRecord, Block]]:
+        """Every stored block of ``step``, in manifest order."""
+        for record in self.manifest(step).leaves:
+            yield from ((record, block) for block in record.blocks)
+
+    def verify(self, step: int, progress: Progress | None = None) -> list[Finding]:
+        """Check the files' sizes and recompute every block's checksum.
+
+        Returns the findings, empty when the step is intact. ``progress(nbytes)`` is
+        called after each block.
+        """
+        manifest = self.manifest(step)
+        problems = self.run_dir.missing_or_resized(step, manifest.files)
+        if problems:
+            return [Finding("", -1, problem.split(" ")[0], problem) for problem in problems]
+        findings = []
+        for record, block in self.blocks(step):
+            try:
+                self.read_block(record, block, step, backend=manifest.backend)
+            except CorruptCheckpointError as exc:
+                findings.append(Finding(record.path, block.rank, stored_file(record, block), str(exc)))
+            except (OSError, KeyError, ValueError, RuntimeError) as exc:
+                message = f"step {step}, leaf {record.path!r}, block of rank {block.rank}: cannot read: {exc}"
+                findings.append(Finding(record.path, block.rank, stored_file(record, block), message))
+            if progress is not None:
+                progress(block.size * record.itemsize)
+        return findings

@@ -1,0 +1,120 @@
+"""Checkpoints are readable without hpckpt: plain h5py, ``h5dump`` and ``adios2.FileReader``.
+
+A real 4-rank job saves a known state (tests/jobs/save_known_state.py); each plain
+reader runs in a fresh interpreter that never imports hpckpt and prints what it read.
+"""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.fault.conftest import JOB_TIMEOUT
+from tests.jobs.save_known_state import COLS, ROWS, expected
+
+RANKS = 4
+
+PLAIN_H5PY = """
+import hashlib, json, sys
+import h5py
+def digest(a): return [str(a.dtype), list(a.shape), hashlib.sha256(a.tobytes()).hexdigest()]
+with h5py.File(sys.argv[1] + "/data.h5", "r") as h5:
+    out = {
+        "field": digest(h5["field"][...]),
+        "table": digest(h5["table"][...]),
+        "rng": [digest(h5["rng"][name][...]) for name in sorted(h5["rng"])],
+        "kinds": {name: str(h5[name].attrs["hpckpt_kind"]) for name in ("field", "rng", "table")},
+    }
+assert "hpckpt" not in sys.modules
+print(json.dumps(out))
+"""
+
+PLAIN_ADIOS2 = """
+import hashlib, json, sys
+import adios2
+def digest(a): return [str(a.dtype), list(a.shape), hashlib.sha256(a.tobytes()).hexdigest()]
+with adios2.FileReader(sys.argv[1] + "/data.bp") as reader:
+    blocks = reader.all_blocks_info("rng")[0]
+    out = {
+        "field": digest(reader.read("field")),
+        "table": digest(reader.read("table")),
+        "rng": [digest(reader.read("rng", block_id=int(block["BlockID"]))) for block in blocks],
+        "kinds": {name: reader.read_attribute("hpckpt_kind", name) for name in ("field", "rng", "table")},
+    }
+assert "hpckpt" not in sys.modules
+print(json.dumps(out))
+"""
+
+
+def digest(array: np.ndarray) -> list:
+    return [str(array.dtype), list(array.shape), hashlib.sha256(array.tobytes()).hexdigest()]
+
+
+def save_known_state(directory, backend: str):
+    command = ["mpiexec", "-n", str(RANKS), sys.executable, "-m", "tests.jobs.save_known_state", str(directory), backend]
+    subprocess.run(command, check=True, timeout=JOB_TIMEOUT, capture_output=True)
+    return directory / "step-00000007"
+
+
+def plain_read(script: str, step_dir) -> dict:
+    result = subprocess.run([sys.executable, "-c", script, str(step_dir)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def expected_digests() -> dict:
+    arrays = expected(RANKS)
+    return {
+        "field": digest(arrays["field"]),
+        "table": digest(arrays["table"]),
+        "rng": [digest(block) for block in arrays["rng"]],
+        "kinds": {"field": "distributed", "rng": "local", "table": "replicated"},
+    }
+
+
+@pytest.mark.parametrize(("backend", "script"), [("hdf5", PLAIN_H5PY), ("adios2", PLAIN_ADIOS2)])
+def test_plain_reader_without_hpckpt(tmp_path, backend, script):
+    step_dir = save_known_state(tmp_path / backend, backend)
+    assert plain_read(script, step_dir) == expected_digests()
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["values"] == {"iteration": 7} and manifest["world_size"] == RANKS
+    field = next(leaf for leaf in manifest["leaves"] if leaf["path"] == "field")
+    assert [block["shape"] for block in field["blocks"]] == [[3, COLS], [3, COLS], [2, COLS], [2, COLS]]
+
+
+def test_posix_blocks_are_at_the_manifest_offsets(tmp_path):
+    step_dir = save_known_state(tmp_path / "posix", "posix")
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    arrays = expected(RANKS)
+    for leaf in manifest["leaves"]:
+        for block in leaf["blocks"]:
+            raw = (step_dir / block["location"]["file"]).read_bytes()
+            start = block["location"]["offset"]
+            stored = np.frombuffer(raw[start:], dtype=leaf["dtype"], count=int(np.prod(block["shape"])))
+            if leaf["path"] == "rng":
+                want = arrays["rng"][block["rank"]]
+            elif leaf["path"] == "table":
+                want = arrays["table"]
+            else:
+                (r0, c0), (nr, nc) = block["offset"], block["shape"]
+                want = arrays["field"][r0 : r0 + nr, c0 : c0 + nc]
+            assert stored.tobytes() == np.ascontiguousarray(want).tobytes(), (leaf["path"], block["rank"])
+
+
+@pytest.mark.skipif(shutil.which("h5dump") is None, reason="h5dump (hdf5-tools) is not installed")
+def test_h5dump_reads_the_global_field(tmp_path):
+    data = save_known_state(tmp_path / "hdf5", "hdf5") / "data.h5"
+    header = subprocess.run(["h5dump", "-H", "-d", "/field", str(data)], capture_output=True, text=True, check=True)
+    assert "DATATYPE  H5T_IEEE_F64LE" in header.stdout
+    assert f"DATASPACE  SIMPLE {{ ( {ROWS}, {COLS} ) / ( {ROWS}, {COLS} ) }}" in header.stdout
+    dump = subprocess.run(
+        ["h5dump", "-d", "/field", "-m", "%.17g", "-y", "-w", "0", "--noindex", str(data)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    body = dump.stdout.split("DATA {", 1)[1].split("}", 1)[0]
+    values = np.array([float(token) for token in body.replace(",", " ").split()])
+    assert values.tobytes() == expected(RANKS)["field"].ravel().tobytes()
