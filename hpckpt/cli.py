@@ -64,20 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print JSON for scripts")
     listing.set_defaults(handler=_ls)
 
-    inspect = commands.add_parser("inspect", help="show the state tree of a step", description="Show a step's leaves "
-                                  "with their kinds, dtypes, shapes and each rank's box, and its plain values.")
-    inspect.add_argument("directory")
-    inspect.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
-    inspect.add_argument("--json", action="store_true", help="print JSON for scripts")
-    inspect.set_defaults(handler=_inspect)
-
-    verify = commands.add_parser("verify", help="recompute every checksum of a step", description="Check the "
-                                 "step's file sizes and recompute every block's checksum. Exit 0 when all match; "
-                                 "1, naming the first bad leaf, rank and file, when not.")
-    verify.add_argument("directory")
-    verify.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
-    verify.add_argument("--json", action="store_true", help="print JSON for scripts")
-    verify.set_defaults(handler=_verify)
+    for name, handler, summary, description in (
+        ("inspect", _inspect, "show the state tree of a step", "Show a step's leaves with their kinds, dtypes, "
+         "shapes and each rank's box, and its plain values."),
+        ("verify", _verify, "recompute every checksum of a step", "Check the step's file sizes and recompute every "
+         "block's checksum. Exit 0 when all match; 1, naming the first bad leaf, rank and file, when not."),
+    ):  # fmt: skip
+        step_command = commands.add_parser(name, help=summary, description=description)
+        step_command.add_argument("directory")
+        step_command.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
+        step_command.add_argument("--json", action="store_true", help="print JSON for scripts")
+        step_command.set_defaults(handler=handler)
 
     convert = commands.add_parser("convert", help="rewrite checkpoints with another backend", description="Rewrite "
                                   "the committed steps of SRC into the run directory DST with another backend. The "

@@ -64,3 +64,11 @@ def reference_checksum(tmp_path_factory) -> str:
     result = run(heat_command(1, tmp_path_factory.mktemp("reference"), every=0))
     assert result.returncode == 0, result.stderr
     return result.checksum
+
+
+@pytest.fixture(scope="session")
+def reference_98(tmp_path_factory) -> str:
+    """The fault-free result for N = 98 (uneven rows on 3 and 4 ranks), on one rank."""
+    result = run(heat_command(1, tmp_path_factory.mktemp("reference98"), n=98, every=0))
+    assert result.returncode == 0, result.stderr
+    return result.checksum

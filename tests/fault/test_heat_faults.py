@@ -108,14 +108,6 @@ def test_error_in_commit_on_one_rank_reaches_every_rank(tmp_path, reference_chec
     assert result.resumed_from == "40" and result.failed_attempts == 1
 
 
-@pytest.fixture(scope="module")
-def reference_98(tmp_path_factory) -> str:
-    """The fault-free result for N = 98 (uneven rows on 3 and 4 ranks), on one rank."""
-    result = run(heat_command(1, tmp_path_factory.mktemp("reference98"), n=98, every=0))
-    assert result.returncode == 0, result.stderr
-    return result.checksum
-
-
 @pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
 def test_resuming_on_fewer_ranks_matches_the_reference(tmp_path, reference_98, backend):
     """4 ranks for the first half, 3 ranks to 3/4, then 2 ranks to the end (all uneven rows but 2)."""

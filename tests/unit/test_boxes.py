@@ -26,3 +26,15 @@ def test_gap_is_reported_with_counts():
 def test_out_of_bounds_names_the_rank():
     with pytest.raises(InvalidStateError, match=r"rank 1's box \(offset \(4,\), shape \(2,\)\) does not fit"):
         check_tiling("v", (5,), {0: ((0,), (4,)), 1: ((4,), (2,))})
+
+
+def test_intersection_and_local_slices():
+    from hpckpt.model.boxes import intersection, local_slices
+
+    stored, wanted = ((3, 0), (4, 7)), ((5, 2), (6, 3))
+    common = intersection(stored, wanted)
+    assert common == ((5, 2), (2, 3))
+    assert local_slices(common, wanted) == (slice(0, 2), slice(0, 3))
+    assert local_slices(common, stored) == (slice(2, 4), slice(2, 5))
+    assert intersection(((0,), (3,)), ((3,), (2,))) is None  # touching is not overlapping
+    assert intersection(((), ()), ((), ())) == ((), ())  # 0-d arrays

@@ -1,0 +1,154 @@
+"""The serial ``hpckpt`` tools on checkpoints written by real MPI jobs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpckpt.progress import ProgressLine
+from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
+from tests.fault.test_interop import RANKS, save_known_state
+from tests.jobs.save_known_state import COLS, expected, rows_of
+
+BACKENDS = ["hdf5", "adios2", "posix"]
+
+
+def hpckpt(*args: str) -> subprocess.CompletedProcess:
+    """Run the CLI as users do, in its own process and without mpiexec."""
+    return subprocess.run([sys.executable, "-m", "hpckpt", *map(str, args)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+
+
+def test_ls_shows_committed_incomplete_and_corrupt_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    crashed = run(heat_command(4, run_dir, "--backend", "posix", "--keep", "5", iters=60), env={"HPCKPT_FAULT": "save.write:1:kill:3"})
+    assert crashed.returncode != 0  # rank 1 died while writing step 30
+    (run_dir / "step-00000010" / "manifest.json").write_text("{ not json")
+    listed = hpckpt("ls", run_dir, "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(row["step"], row["status"]) for row in rows] == [(10, "corrupt"), (20, "committed"), (30, "incomplete")]
+    assert rows[1]["backend"] == "posix" and rows[1]["world_size"] == 4 and rows[1]["protocol"] == "coordinated"
+    assert rows[1]["bytes"] == sum(f.stat().st_size for f in (run_dir / "step-00000020").iterdir())
+    assert "not a valid hpckpt manifest" in rows[0]["problem"]
+    text = hpckpt("ls", run_dir).stdout.splitlines()
+    assert text[0].split() == ["STEP", "STATUS", "SIZE", "COMMITTED", "BACKEND", "PROTOCOL", "RANKS"]
+    assert text[3].split()[:2] == ["20", "committed"] and text[3].split()[-3:] == ["posix", "coordinated", "4"]
+
+
+def test_inspect_shows_kinds_dtypes_shapes_and_boxes(tmp_path):
+    save_known_state(tmp_path / "run", "hdf5")
+    shown = hpckpt("inspect", tmp_path / "run", "--json")
+    assert shown.returncode == 0, shown.stderr
+    tree = json.loads(shown.stdout)
+    assert (tree["step"], tree["backend"], tree["world_size"], tree["values"]) == (7, "hdf5", RANKS, {"iteration": 7})
+    leaves = {leaf["path"]: leaf for leaf in tree["leaves"]}
+    assert (leaves["field"]["kind"], leaves["field"]["dtype"], leaves["field"]["shape"]) == ("distributed", "float64", [10, COLS])
+    boxes = [(block["rank"], block["offset"], block["shape"]) for block in leaves["field"]["blocks"]]
+    assert boxes == [(r, [rows_of(RANKS, r)[0], 0], [rows_of(RANKS, r)[1], COLS]) for r in range(RANKS)]
+    assert [block["shape"] for block in leaves["rng"]["blocks"]] == [[r + 2] for r in range(RANKS)]
+    assert (leaves["rng"]["kind"], leaves["rng"]["dtype"], leaves["rng"]["shape"]) == ("local", "uint32", None)
+    assert (leaves["table"]["kind"], leaves["table"]["shape"]) == ("replicated", [7])
+    text = hpckpt("inspect", tmp_path / "run", "--step", "7").stdout
+    assert "field: distributed float64 (10, 6)" in text and "rank 3: [8:10, 0:6]" in text
+    assert "iteration: value 7" in text
+
+
+def flip_byte_in_rows_of(step_dir, rank: int) -> None:
+    first, count = rows_of(RANKS, rank)
+    pattern = expected(RANKS)["field"][first : first + count].tobytes()
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != "manifest.json"):
+        content = bytearray(path.read_bytes())
+        at = content.find(pattern)
+        if at >= 0:
+            content[at + 9] ^= 0x01
+            path.write_bytes(bytes(content))
+            return
+    raise AssertionError(f"rank {rank}'s rows are in no file of {step_dir}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_verify_passes_then_names_the_corrupted_block(tmp_path, backend):
+    step_dir = save_known_state(tmp_path / "run", backend)
+    good = hpckpt("verify", tmp_path / "run")
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip() == f"step 7: OK: {2 * RANKS + 1} blocks, 592 bytes, every xxh3_64 checksum matches"
+    flip_byte_in_rows_of(step_dir, rank=2)
+    bad = hpckpt("verify", tmp_path / "run")
+    assert bad.returncode == 1, bad.stderr
+    assert bad.stdout.startswith("step 7: BAD: step 7, leaf 'field', block of rank 2 in ")
+    report = json.loads(hpckpt("verify", tmp_path / "run", "--json", "--step", "7").stdout)
+    assert report["ok"] is False and len(report["findings"]) == 1
+    (finding,) = report["findings"]
+    assert (finding["path"], finding["rank"]) == ("field", 2)
+    assert finding["file"] == {"hdf5": "data.h5", "adios2": "data.bp", "posix": "data-00002.bin"}[backend]
+
+
+def test_verify_reports_a_truncated_file(tmp_path):
+    step_dir = save_known_state(tmp_path / "run", "posix")
+    os.truncate(step_dir / "data-00001.bin", 10)
+    bad = hpckpt("verify", tmp_path / "run")
+    assert bad.returncode == 1
+    assert "data-00001.bin has 10 bytes, but" in bad.stdout
+
+
+@pytest.mark.parametrize("source", BACKENDS)
+def test_converted_checkpoints_verify_and_resume_like_the_original(tmp_path, reference_98, source):
+    run_dir = tmp_path / source
+    stopped = run(heat_command(4, run_dir, "--backend", source, "--stop-at-iter", "60", n=98))
+    assert stopped.returncode == 0, stopped.stderr
+    for target in (b for b in BACKENDS if b != source):
+        converted = tmp_path / f"{source}-to-{target}"
+        result = hpckpt("convert", run_dir, converted, "--to", target)
+        assert result.returncode == 0, result.stderr
+        assert f"step 60: {source} -> {target}" in result.stdout
+        assert hpckpt("verify", converted).returncode == 0
+        listed = json.loads(hpckpt("ls", converted, "--json").stdout)
+        assert {row["backend"] for row in listed} == {target}
+        resumed = run(heat_command(2, converted, "--backend", target, n=98))
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.resumed_from == "60" and resumed.checksum == reference_98
+
+
+def test_gc_removes_leftovers_and_old_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(heat_command(2, run_dir, "--keep", "5", iters=60)).returncode == 0
+    (run_dir / "step-00000070.tmp").mkdir()
+    result = hpckpt("gc", run_dir, "--keep", "2")
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(run_dir)) == ["step-00000040", "step-00000050"]
+    assert "removed incomplete" in result.stdout and "removed step 10" in result.stdout
+    assert result.stdout.strip().endswith("kept 2 committed step(s)")
+
+
+def test_errors_name_what_is_wrong(tmp_path):
+    missing = hpckpt("ls", tmp_path / "nowhere")
+    assert missing.returncode == 2 and missing.stderr.strip() == f"hpckpt ls: error: {tmp_path / 'nowhere'} is not a directory"
+    (tmp_path / "empty").mkdir()
+    empty = hpckpt("verify", tmp_path / "empty")
+    assert empty.returncode == 2 and f"{tmp_path / 'empty'} holds no committed step" in empty.stderr
+    save_known_state(tmp_path / "run", "posix")
+    no_step = hpckpt("inspect", tmp_path / "run", "--step", "8")
+    assert no_step.returncode == 2 and "step-00000008/manifest.json: cannot read the manifest" in no_step.stderr
+    same = hpckpt("convert", tmp_path / "run", tmp_path / "run", "--to", "hdf5")
+    assert same.returncode == 2 and "step-00000007 already exists" in same.stderr
+
+
+def test_progress_is_shown_on_a_terminal_only(tmp_path):
+    import pty
+
+    leader, follower = pty.openpty()
+    with os.fdopen(follower, "w") as terminal:
+        progress = ProgressLine("verify step 3", 2048, stream=terminal)
+        progress(1024)
+        progress(1024)
+        progress.close()
+    shown = os.read(leader, 1000).decode()
+    os.close(leader)
+    assert "verify step 3: 100% (2.0 KiB of 2.0 KiB)" in shown
+    with open(tmp_path / "log", "w") as log:
+        quiet = ProgressLine("verify step 3", 2048, stream=log)
+        quiet(2048)
+        quiet.close()
+    assert (tmp_path / "log").read_text() == ""
