@@ -4,6 +4,7 @@
 library when first used.
 """
 
+from .catalog import CheckpointReader
 from .checkpointer import Checkpointer
 from .errors import (
     CheckpointFallbackWarning,
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointFallbackWarning",
+    "CheckpointReader",
     "Checkpointer",
     "CollectiveError",
     "CorruptCheckpointError",

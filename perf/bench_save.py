@@ -1,15 +1,17 @@
-"""Save bandwidth of hpckpt (parallel HDF5, coordinated) against the raw disk, same run.
+"""Save bandwidth of hpckpt's backends against the raw disk and the plain libraries, same run.
 
 Run with 2 ranks (MPICH busy-polls; more ranks than cores distort bandwidth):
 
     mpiexec -n 2 .venv/bin/python perf/bench_save.py --mib 256 --repeat 3 --dir /tmp/bench
 
-Each repetition writes the same bytes three ways, fsync'd, and rank 0 prints the median
+Each repetition writes the same bytes every way, fsync'd, and rank 0 prints the median
 seconds and GB/s of each and the ratio to the raw baseline:
 
 - raw: every rank writes its block to its own file with os.write and fsyncs it;
 - h5py: one shared file, collective hyperslab writes through the mpio driver, flushed;
-- hpckpt: ``Checkpointer.save`` (stage, checksum, collective write, commit, retention).
+- adios2: one BP5 step through ``adios2.bindings`` with the same engine parameters
+  hpckpt uses (``--adios2-param KEY=VALUE`` changes both), then fsync of its files;
+- hpckpt-BACKEND: ``Checkpointer.save`` (stage, checksum, write, commit, retention).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import statistics
 import time
 from pathlib import Path
 
+import adios2
 import h5py
 import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
 
 
 def timed(comm: MPI.Comm, action) -> float:
@@ -41,7 +45,10 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256, help="MiB per rank (default 256)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/hpckpt-bench")
+    parser.add_argument("--backends", default="hdf5,adios2,posix", help="hpckpt backends to time (comma-separated)")
+    parser.add_argument("--adios2-param", action="append", default=[], metavar="KEY=VALUE", help="ADIOS2 engine parameter")
     args = parser.parse_args()
+    adios2_parameters = {**DEFAULT_PARAMETERS, **dict(item.split("=", 1) for item in args.adios2_param)}
     comm = MPI.COMM_WORLD
     root = Path(args.dir)
     if comm.rank == 0:
@@ -68,24 +75,49 @@ def main() -> None:
                 dataset[comm.rank * rows : (comm.rank + 1) * rows] = block
             h5.flush()
 
+    def plain_adios2() -> None:
+        adios = adios2.bindings.ADIOS(comm)
+        io = adios.DeclareIO("bench")
+        io.SetEngine("BP5")
+        io.SetParameters(adios2_parameters)
+        engine = io.Open(str(root / "plain.bp"), adios2.bindings.Mode.Write)
+        engine.BeginStep()
+        variable = io.DefineVariable("u", block, list(global_shape), [comm.rank * rows, 0], list(block.shape), True)
+        engine.Put(variable, block, adios2.bindings.Mode.Sync)
+        engine.EndStep()
+        engine.Close()
+        for name in os.listdir(root / "plain.bp"):
+            fd = os.open(root / "plain.bp" / name, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
     state = {"u": hpckpt.Distributed(block, global_shape=global_shape, offset=(comm.rank * rows, 0))}
-    checkpointer = hpckpt.Checkpointer(root / "ckpt", comm=comm, keep=1)
+    options = {"adios2": {"parameters": adios2_parameters}}
+    checkpointers = {
+        name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name, backend_options=options.get(name))
+        for name in args.backends.split(",")
+    }
     step = iter(range(1, 10**6))
-    ways = {"raw": raw, "h5py": plain_h5py, "hpckpt": lambda: checkpointer.save(next(step), state)}
+    ways = {"raw": raw, "h5py": plain_h5py, "adios2": plain_adios2}
+    for name, checkpointer in checkpointers.items():
+        ways[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(step), state)
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.repeat):
         for name, action in ways.items():
             seconds[name].append(timed(comm, action))
-    phases = checkpointer.last_save.seconds
-    checkpointer.close()
+    phases = {name: checkpointer.last_save.seconds for name, checkpointer in checkpointers.items()}
+    for checkpointer in checkpointers.values():
+        checkpointer.close()
     if comm.rank == 0:
         total = args.mib * 2**20 * comm.size
         base = statistics.median(seconds["raw"])
         print(f"bench_save: {comm.size} ranks x {args.mib} MiB, median of {args.repeat}, dir {root}")
+        print(f"  adios2 parameters: {adios2_parameters}")
         for name, values in seconds.items():
             median = statistics.median(values)
-            print(f"  {name:7s} {median:7.3f} s  {total / median / 1e9:5.2f} GB/s  {base / median:5.2f} x raw")
-        print("  hpckpt phases of the last save (s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
+            print(f"  {name:13s} {median:7.3f} s  {total / median / 1e9:5.2f} GB/s  {base / median:5.2f} x raw")
+        for name, seconds_of in phases.items():
+            print(f"  hpckpt-{name} phases of the last save (s): " + ", ".join(f"{k} {v:.3f}" for k, v in seconds_of.items()))
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -14,9 +14,14 @@ Layout of ``data.bp`` (readable with plain ``adios2.FileReader``):
   ``"encoding": "bytes"``;
 - each variable has the attribute ``hpckpt_kind``.
 
-Writes go through ``ADIOS(comm)`` with the engine parameters of the backend (defaults
-in :data:`DEFAULT_PARAMETERS`, tuned in ``perf/``); reads open the step serially in
-random-access mode, so a failing reader cannot hang its peers.
+Writes go through ``ADIOS(comm)`` with the engine parameters of the backend. The
+defaults (:data:`DEFAULT_PARAMETERS`) make every rank write its own subfile
+(``AggregationType=EveryoneWrites``): on one node that is twice as fast as BP5's
+default shared-memory aggregation into one file (docs/performance.md). At thousands of
+ranks, pass ``{"NumAggregators": "<ranks per node or fewer>"}`` or
+``{"AggregationType": "TwoLevelShm"}`` to spare the file system's metadata servers.
+Reads open the step serially in random-access mode, so a failing reader cannot hang
+its peers.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 DIRECTORY_NAME = "data.bp"
-DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off"}
+DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off", "AggregationType": "EveryoneWrites"}
 _NATIVE_TYPES = {
     np.dtype(name)
     for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")

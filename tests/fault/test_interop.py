@@ -118,3 +118,20 @@ def test_h5dump_reads_the_global_field(tmp_path):
     body = dump.stdout.split("DATA {", 1)[1].split("}", 1)[0]
     values = np.array([float(token) for token in body.replace(",", " ").split()])
     assert values.tobytes() == expected(RANKS)["field"].ravel().tobytes()
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+def test_checkpoint_reader_assembles_arrays_and_local_blocks(tmp_path, backend):
+    import hpckpt
+
+    save_known_state(tmp_path / backend, backend)
+    reader = hpckpt.CheckpointReader(tmp_path / backend)
+    arrays = expected(RANKS)
+    assert reader.steps() == [7] and reader.manifest().values == {"iteration": 7}
+    assert reader.read_array("field").tobytes() == arrays["field"].tobytes()
+    assert reader.read_array("table", step=7).tobytes() == arrays["table"].tobytes()
+    assert [block.tolist() for block in reader.local_blocks("rng")] == [block.tolist() for block in arrays["rng"]]
+    with pytest.raises(ValueError, match="leaf 'rng' is local: read it with local_blocks"):
+        reader.read_array("rng")
+    with pytest.raises(KeyError, match="step 7 has no array leaf 'nope'"):
+        reader.read_array("nope")
