@@ -15,7 +15,7 @@ from tests.jobs.save_known_state import COLS, expected, rows_of
 BACKENDS = ["hdf5", "adios2", "posix"]
 
 
-def hpckpt(*args: str) -> subprocess.CompletedProcess:
+def cli(*args: str) -> subprocess.CompletedProcess:
     """Run the CLI as users do, in its own process and without mpiexec."""
     return subprocess.run([sys.executable, "-m", "hpckpt", *map(str, args)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
 
@@ -25,21 +25,21 @@ def test_ls_shows_committed_incomplete_and_corrupt_steps(tmp_path):
     crashed = run(heat_command(4, run_dir, "--backend", "posix", "--keep", "5", iters=60), env={"HPCKPT_FAULT": "save.write:1:kill:3"})
     assert crashed.returncode != 0  # rank 1 died while writing step 30
     (run_dir / "step-00000010" / "manifest.json").write_text("{ not json")
-    listed = hpckpt("ls", run_dir, "--json")
+    listed = cli("ls", run_dir, "--json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert [(row["step"], row["status"]) for row in rows] == [(10, "corrupt"), (20, "committed"), (30, "incomplete")]
     assert rows[1]["backend"] == "posix" and rows[1]["world_size"] == 4 and rows[1]["protocol"] == "coordinated"
     assert rows[1]["bytes"] == sum(f.stat().st_size for f in (run_dir / "step-00000020").iterdir())
     assert "not a valid hpckpt manifest" in rows[0]["problem"]
-    text = hpckpt("ls", run_dir).stdout.splitlines()
+    text = cli("ls", run_dir).stdout.splitlines()
     assert text[0].split() == ["STEP", "STATUS", "SIZE", "COMMITTED", "BACKEND", "PROTOCOL", "RANKS"]
     assert text[3].split()[:2] == ["20", "committed"] and text[3].split()[-3:] == ["posix", "coordinated", "4"]
 
 
 def test_inspect_shows_kinds_dtypes_shapes_and_boxes(tmp_path):
     save_known_state(tmp_path / "run", "hdf5")
-    shown = hpckpt("inspect", tmp_path / "run", "--json")
+    shown = cli("inspect", tmp_path / "run", "--json")
     assert shown.returncode == 0, shown.stderr
     tree = json.loads(shown.stdout)
     assert (tree["step"], tree["backend"], tree["world_size"], tree["values"]) == (7, "hdf5", RANKS, {"iteration": 7})
@@ -50,7 +50,7 @@ def test_inspect_shows_kinds_dtypes_shapes_and_boxes(tmp_path):
     assert [block["shape"] for block in leaves["rng"]["blocks"]] == [[r + 2] for r in range(RANKS)]
     assert (leaves["rng"]["kind"], leaves["rng"]["dtype"], leaves["rng"]["shape"]) == ("local", "uint32", None)
     assert (leaves["table"]["kind"], leaves["table"]["shape"]) == ("replicated", [7])
-    text = hpckpt("inspect", tmp_path / "run", "--step", "7").stdout
+    text = cli("inspect", tmp_path / "run", "--step", "7").stdout
     assert "field: distributed float64 (10, 6)" in text and "rank 3: [8:10, 0:6]" in text
     assert "iteration: value 7" in text
 
@@ -71,14 +71,14 @@ def flip_byte_in_rows_of(step_dir, rank: int) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_verify_passes_then_names_the_corrupted_block(tmp_path, backend):
     step_dir = save_known_state(tmp_path / "run", backend)
-    good = hpckpt("verify", tmp_path / "run")
+    good = cli("verify", tmp_path / "run")
     assert good.returncode == 0, good.stderr
     assert good.stdout.strip() == f"step 7: OK: {2 * RANKS + 1} blocks, 592 bytes, every xxh3_64 checksum matches"
     flip_byte_in_rows_of(step_dir, rank=2)
-    bad = hpckpt("verify", tmp_path / "run")
+    bad = cli("verify", tmp_path / "run")
     assert bad.returncode == 1, bad.stderr
     assert bad.stdout.startswith("step 7: BAD: step 7, leaf 'field', block of rank 2 in ")
-    report = json.loads(hpckpt("verify", tmp_path / "run", "--json", "--step", "7").stdout)
+    report = json.loads(cli("verify", tmp_path / "run", "--json", "--step", "7").stdout)
     assert report["ok"] is False and len(report["findings"]) == 1
     (finding,) = report["findings"]
     assert (finding["path"], finding["rank"]) == ("field", 2)
@@ -88,7 +88,7 @@ def test_verify_passes_then_names_the_corrupted_block(tmp_path, backend):
 def test_verify_reports_a_truncated_file(tmp_path):
     step_dir = save_known_state(tmp_path / "run", "posix")
     os.truncate(step_dir / "data-00001.bin", 10)
-    bad = hpckpt("verify", tmp_path / "run")
+    bad = cli("verify", tmp_path / "run")
     assert bad.returncode == 1
     assert "data-00001.bin has 10 bytes, but" in bad.stdout
 
@@ -100,11 +100,11 @@ def test_converted_checkpoints_verify_and_resume_like_the_original(tmp_path, ref
     assert stopped.returncode == 0, stopped.stderr
     for target in (b for b in BACKENDS if b != source):
         converted = tmp_path / f"{source}-to-{target}"
-        result = hpckpt("convert", run_dir, converted, "--to", target)
+        result = cli("convert", run_dir, converted, "--to", target)
         assert result.returncode == 0, result.stderr
         assert f"step 60: {source} -> {target}" in result.stdout
-        assert hpckpt("verify", converted).returncode == 0
-        listed = json.loads(hpckpt("ls", converted, "--json").stdout)
+        assert cli("verify", converted).returncode == 0
+        listed = json.loads(cli("ls", converted, "--json").stdout)
         assert {row["backend"] for row in listed} == {target}
         resumed = run(heat_command(2, converted, "--backend", target, n=98))
         assert resumed.returncode == 0, resumed.stderr
@@ -115,7 +115,7 @@ def test_gc_removes_leftovers_and_old_steps(tmp_path):
     run_dir = tmp_path / "run"
     assert run(heat_command(2, run_dir, "--keep", "5", iters=60)).returncode == 0
     (run_dir / "step-00000070.tmp").mkdir()
-    result = hpckpt("gc", run_dir, "--keep", "2")
+    result = cli("gc", run_dir, "--keep", "2")
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(run_dir)) == ["step-00000040", "step-00000050"]
     assert "removed incomplete" in result.stdout and "removed step 10" in result.stdout
@@ -123,15 +123,15 @@ def test_gc_removes_leftovers_and_old_steps(tmp_path):
 
 
 def test_errors_name_what_is_wrong(tmp_path):
-    missing = hpckpt("ls", tmp_path / "nowhere")
+    missing = cli("ls", tmp_path / "nowhere")
     assert missing.returncode == 2 and missing.stderr.strip() == f"hpckpt ls: error: {tmp_path / 'nowhere'} is not a directory"
     (tmp_path / "empty").mkdir()
-    empty = hpckpt("verify", tmp_path / "empty")
+    empty = cli("verify", tmp_path / "empty")
     assert empty.returncode == 2 and f"{tmp_path / 'empty'} holds no committed step" in empty.stderr
     save_known_state(tmp_path / "run", "posix")
-    no_step = hpckpt("inspect", tmp_path / "run", "--step", "8")
+    no_step = cli("inspect", tmp_path / "run", "--step", "8")
     assert no_step.returncode == 2 and "step-00000008/manifest.json: cannot read the manifest" in no_step.stderr
-    same = hpckpt("convert", tmp_path / "run", tmp_path / "run", "--to", "hdf5")
+    same = cli("convert", tmp_path / "run", tmp_path / "run", "--to", "hdf5")
     assert same.returncode == 2 and "step-00000007 already exists" in same.stderr
 
 
@@ -152,3 +152,20 @@ def test_progress_is_shown_on_a_terminal_only(tmp_path):
         quiet(2048)
         quiet.close()
     assert (tmp_path / "log").read_text() == ""
+
+
+@pytest.mark.parametrize("source", BACKENDS)
+def test_convert_keeps_every_leaf_kind_byte_for_byte(tmp_path, source):
+    import hpckpt
+
+    save_known_state(tmp_path / source, source)
+    arrays = expected(RANKS)
+    for target in (b for b in BACKENDS if b != source):
+        converted = tmp_path / target
+        assert cli("convert", tmp_path / source, converted, "--to", target, "--step", "7").returncode == 0
+        reader = hpckpt.CheckpointReader(converted)
+        manifest = reader.manifest(7)
+        assert manifest.backend == target and manifest.values == {"iteration": 7} and manifest.world_size == RANKS
+        assert reader.read_array("field").tobytes() == arrays["field"].tobytes()
+        assert reader.read_array("table").tobytes() == arrays["table"].tobytes()
+        assert [b.tobytes() for b in reader.local_blocks("rng")] == [b.tobytes() for b in arrays["rng"]]

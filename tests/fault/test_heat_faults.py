@@ -17,6 +17,7 @@ from tests.fault.conftest import JOB_TIMEOUT, Finished, heat_command, relaunched
 
 RANKS = 4
 SAVE_POINTS = ("save.plan", "save.write", "save.commit", "save.retain")
+BACKENDS = ("hdf5", "adios2", "posix")
 
 
 def rank_pids(token: str) -> dict[int, int]:
@@ -70,14 +71,15 @@ def test_sigkill_at_random_moments_resumes_bit_for_bit(seed, tmp_path, reference
     rng = random.Random(seed)
     run_dir = tmp_path / "ckpt"
     mode = ("save-point", "iteration", "external")[seed % 3]
+    backend = ["--backend", BACKENDS[seed // 3 % 3]]  # seeds 0-8 take every mode with every backend
     if mode == "save-point":
         fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
-        result, delivered = run(relaunched(heat_command(RANKS, run_dir)), env={"HPCKPT_FAULT": fault}), True
+        result, delivered = run(relaunched(heat_command(RANKS, run_dir, *backend)), env={"HPCKPT_FAULT": fault}), True
     elif mode == "iteration":
         crash = ["--crash-at-iter", str(rng.randint(0, 119)), "--crash-rank", str(rng.randrange(RANKS))]
-        result, delivered = run(relaunched(heat_command(RANKS, run_dir, *crash))), True
+        result, delivered = run(relaunched(heat_command(RANKS, run_dir, *backend, *crash))), True
     else:
-        result, delivered = run_with_external_kill(relaunched(heat_command(RANKS, run_dir)), rng)
+        result, delivered = run_with_external_kill(relaunched(heat_command(RANKS, run_dir, *backend)), rng)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.checksum == reference_checksum
     if delivered:
