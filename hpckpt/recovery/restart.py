@@ -215,7 +215,9 @@ def _differences(
                 f"(of rank {block.rank}) has {block.shape}"
             )
     paths = {slot.path for slot in slots}
-    found += [f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state" for r in manifest.leaves if r.path not in paths]
+    found += [
+        f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state" for r in manifest.leaves if r.path not in paths
+    ]
     found += [f"plain value {p!r} is in the checkpoint but not in the state" for p in manifest.values if p not in paths]
     return found
 

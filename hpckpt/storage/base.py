@@ -52,7 +52,9 @@ class Backend(Protocol):
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """``records`` with their storage locations filled in. Pure and deterministic."""
 
-    def write(self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]) -> list[str]:
+    def write(
+        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+    ) -> list[str]:
         """Write ``blocks``; return the step's file names. Collective over ``comm``."""
 
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:

@@ -173,19 +173,25 @@ class ADIOS2Backend:
         engine = io.Open(str(path), bindings.Mode.ReadRandomAccess)
         try:
             for request in requests:
-                record, block = request.record, request.block
-                variable = io.InquireVariable(record.location["variable"])
-                if variable is None:
-                    raise KeyError(f"{path} has no variable {record.location['variable']!r}")
-                shape, start, count = _selection(record, block)
-                if record.kind == "local":
-                    variable.SetBlockSelection(block.location["block_id"])
-                    if list(variable.Count()) != count:
-                        raise KeyError(f"{path}: block {block.location['block_id']} of {record.path!r} has count {variable.Count()}, expected {count}")
-                else:
-                    if list(variable.Shape()) != shape:
-                        raise KeyError(f"{path}: variable {record.path!r} has shape {variable.Shape()}, expected {shape}")
-                    variable.SetSelection([start, count])
-                engine.Get(variable, _stored_view(request.array, record.location.get("encoding") == "bytes"), bindings.Mode.Sync)
+                self._get(io, engine, path, request)
         finally:
             engine.Close()
+
+    def _get(self, io: Any, engine: Any, path: Path, request: BlockData) -> None:
+        """Read one stored block into ``request.array``, after checking its shape."""
+        record, block = request.record, request.block
+        variable = io.InquireVariable(record.location["variable"])
+        if variable is None:
+            raise KeyError(f"{path} has no variable {record.location['variable']!r}")
+        shape, start, count = _selection(record, block)
+        if record.kind == "local":
+            block_id = block.location["block_id"]
+            variable.SetBlockSelection(block_id)
+            if list(variable.Count()) != count:
+                raise KeyError(f"{path}: block {block_id} of {record.path!r} has count {variable.Count()}, not {count}")
+        else:
+            if list(variable.Shape()) != shape:
+                raise KeyError(f"{path}: variable {record.path!r} has shape {variable.Shape()}, not {shape}")
+            variable.SetSelection([start, count])
+        as_bytes = record.location.get("encoding") == "bytes"
+        engine.Get(variable, _stored_view(request.array, as_bytes), self._adios2.Mode.Sync)
