@@ -7,8 +7,9 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .protocols import PLANNED_PROTOCOLS, PROTOCOLS
+from .protocols import PROTOCOLS
 from .protocols.coordinated import SaveReport, save_coordinated
+from .protocols.uncoordinated import UncoordinatedRank
 from .recovery.restart import list_committed_steps, restore_newest
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
@@ -20,17 +21,20 @@ if TYPE_CHECKING:
 class Checkpointer:
     """Save and restore the state of an MPI job in a run directory.
 
-    Collective over ``comm``: every rank creates it, calls each method in the same
-    order with the same arguments (except each rank's own state), and closes it.
-    The constructor duplicates ``comm``, so hpckpt's messages never mix with the
-    application's.
+    Every rank creates it together and closes it together. With the coordinated
+    protocol every method is collective over ``comm``: each rank calls it in the same
+    order with the same arguments (except each rank's own state). With the
+    uncoordinated protocol, ``save`` and ``steps`` are a rank's own business and the
+    application communicates through :attr:`comm`, which logs its messages.
 
     Parameters
     ----------
     directory
-        The run directory; committed steps are ``directory/step-NNNNNNNN``.
+        The run directory; committed steps are ``directory/step-NNNNNNNN``
+        (uncoordinated: ``directory/rank-RRRRR/step-NNNNNNNN``).
     comm
         The communicator of the ranks that save together (default ``COMM_WORLD``).
+        It is duplicated, so hpckpt's messages never mix with the application's.
     backend
         A registered backend name (``"hdf5"``: one parallel HDF5 file per step;
         ``"adios2"``: one ADIOS2 BP5 directory per step; ``"posix"``: raw files, one
@@ -40,10 +44,16 @@ class Checkpointer:
         (engine parameters such as ``{"NumAggregators": "2"}``); for ``"posix"``,
         ``ranks_per_file``, ``block_alignment``, ``segment_alignment``.
     protocol
-        ``"coordinated"``: all ranks save the same step in one call.
+        ``"coordinated"``: all ranks save the same step in one call, committed
+        globally. ``"uncoordinated"``: each rank saves when it likes, alone; messages
+        sent through :attr:`comm` are logged so that after a crash every rank resumes
+        from its own newest checkpoint (docs/protocols.md).
     keep
         How many of the newest committed steps to keep (at least 1). Older ones are
         deleted, only after a new step has been committed.
+    durable_determinants
+        Uncoordinated only: fsync each recorded wildcard-receive outcome, so they
+        survive a node failure and not only a process failure (slower).
 
     Examples
     --------
@@ -65,9 +75,8 @@ class Checkpointer:
         backend_options: dict[str, Any] | None = None,
         protocol: str = "coordinated",
         keep: int = 3,
+        durable_determinants: bool = False,
     ) -> None:
-        if protocol in PLANNED_PROTOCOLS:
-            raise ValueError(f"protocol {protocol!r} is not implemented yet; available: {', '.join(PROTOCOLS)}")
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
@@ -80,16 +89,32 @@ class Checkpointer:
         self.protocol = protocol
         self.keep = keep
         self.backend = open_backend(backend, backend_options)
-        self.comm = comm.Dup()
+        self._comm: MPI.Comm | None = comm.Dup()
+        self._rank: UncoordinatedRank | None = None
+        if protocol == "uncoordinated":
+            self._rank = UncoordinatedRank(
+                comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
+            )
         self.last_save: SaveReport | None = None
         self.save_seconds = 0.0
         self.saves = 0
 
+    @property
+    def comm(self) -> Any:
+        """The communicator the application should use between checkpoints.
+
+        Uncoordinated: a :class:`~hpckpt.messages.comm.LoggedComm` (send, recv, Send,
+        Recv, Sendrecv, Isend, Irecv, Bcast, Reduce, Allreduce, Barrier are logged).
+        Coordinated: the duplicated communicator (nothing is logged).
+        """
+        return self._rank.comm if self._rank is not None else self._comm
+
     def save(self, step: int, state: Any) -> None:
         """Save ``state`` as checkpoint ``step`` and commit it.
 
-        Collective over ``comm``: all ranks must call with the same ``step``, and trees
-        of the same structure (each rank passes its own arrays).
+        Coordinated: collective over ``comm``, all ranks with the same ``step`` and
+        trees of the same structure (each rank passes its own arrays). Uncoordinated:
+        this rank alone, at any step, with no request of :attr:`comm` open.
 
         Raises
         ------
@@ -98,7 +123,10 @@ class Checkpointer:
         InvalidStateError
             On every rank, when the tree or the ranks' boxes are malformed.
         """
-        report = save_coordinated(self.comm, self.run_dir, self.backend, int(step), state, keep=self.keep)
+        if self._rank is not None:
+            report = self._rank.save(int(step), state)
+        else:
+            report = save_coordinated(self._comm, self.run_dir, self.backend, int(step), state, keep=self.keep)
         self.last_save = report
         self.saves += 1
         self.save_seconds += sum(report.seconds.values())
@@ -112,7 +140,9 @@ class Checkpointer:
         The job may have another number of ranks than the one that saved:
         Distributed leaves are read from the stored blocks that overlap each rank's
         new box, Replicated leaves on every rank. Local leaves need the same number
-        of ranks, or ``local_from``.
+        of ranks, or ``local_from``. Uncoordinated: each rank restores its own newest
+        checkpoint (ranks may resume at different steps), on the same number of ranks,
+        and the logged messages are then replayed.
 
         Parameters
         ----------
@@ -125,7 +155,8 @@ class Checkpointer:
         Returns
         -------
         int or None
-            The restored step, or None when there is no committed step yet.
+            The restored step (this rank's own, uncoordinated), or None when there is
+            no committed step yet.
 
         Raises
         ------
@@ -135,23 +166,38 @@ class Checkpointer:
             number of ranks without ``local_from``).
         CorruptCheckpointError
             On every rank, when no committed step verifies.
+        CollectiveError
+            Uncoordinated: on every rank, when any rank could not restore its own.
         """
-        return restore_newest(self.comm, self.run_dir, self.backend, state, local_from=local_from)
+        if self._rank is not None:
+            if local_from is not None:
+                raise ValueError("local_from applies to the coordinated protocol only")
+            return self._rank.restore(self._comm, state)
+        return restore_newest(self._comm, self.run_dir, self.backend, state, local_from=local_from)
 
     def steps(self) -> list[int]:
-        """Committed steps, oldest first. Collective over ``comm``."""
-        return list_committed_steps(self.comm, self.run_dir)
+        """Committed steps, oldest first. Collective over ``comm`` (uncoordinated: this rank's)."""
+        if self._rank is not None:
+            return self._rank.steps()
+        return list_committed_steps(self._comm, self.run_dir)
 
     def latest_step(self) -> int | None:
-        """The newest committed step, or None. Collective over ``comm``."""
+        """The newest committed step, or None. As :meth:`steps`."""
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def close(self) -> None:
-        """Release the duplicated communicator. Collective over ``comm``."""
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
+    def close(self, *, drain: bool = True) -> None:
+        """Release the duplicated communicators. Collective over ``comm``.
+
+        Uncoordinated: first receives the notices and finishes the replays still in
+        flight (collective); ``drain=False`` skips that, as when leaving on an error.
+        """
+        if self._rank is not None:
+            self._rank.close(drain=drain)
+            self._rank = None
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = None
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -159,4 +205,4 @@ class Checkpointer:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        self.close(drain=exc_type is None)  # no collective drain while an error unwinds one rank

@@ -74,7 +74,7 @@ def jacobi_sweep(u: np.ndarray, first_row: int, n: int) -> None:
         u[lo:hi, 1:-1] = 0.25 * (u[lo - 1 : hi - 1, 1:-1] + u[lo + 1 : hi + 1, 1:-1] + u[lo:hi, :-2] + u[lo:hi, 2:])
 
 
-def exchange_halos(comm, u: np.ndarray) -> None:  # noqa: ANN001 - mpi4py communicator
+def exchange_halos(comm, u: np.ndarray) -> None:  # noqa: ANN001 - mpi4py or hpckpt communicator
     """Swap the first and last owned rows with the neighbouring ranks."""
     from mpi4py import MPI
 
@@ -102,21 +102,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "iteration": 0,
     }
     started = time.perf_counter()
+    uncoordinated = args.protocol == "uncoordinated"
+    # Uncoordinated: rank r saves at its own iterations, offset by r * every / size, so
+    # no two ranks save at the same iteration.
+    phase = comm.rank * args.every // comm.size if uncoordinated else 0
     with hpckpt.Checkpointer(
         args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep
     ) as checkpointer:
         resumed = checkpointer.restore(state)
         start = 0 if resumed is None else int(state["iteration"])
-        if comm.rank == 0 and resumed is not None:
+        if comm.rank == 0 and resumed is not None and not uncoordinated:
             print(f"heat: resumed from step {resumed} (iteration {start})", flush=True)
+        halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
         for iteration in range(start, args.iters):
             if iteration == args.crash_at_iter and comm.rank == args.crash_rank and first_attempt():
                 os.kill(os.getpid(), signal.SIGKILL)
-            exchange_halos(comm, u)
+            exchange_halos(halo_comm, u)
             jacobi_sweep(u, first_row, args.n)
             done = iteration + 1
             stopping = done == args.stop_at_iter
-            if (args.every and done % args.every == 0 and done < args.iters) or stopping:
+            if (args.every and (done + phase) % args.every == 0 and done < args.iters) or stopping:
                 state["iteration"] = done
                 checkpointer.save(done, state)
             if stopping:
@@ -125,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
     field = gather_field(comm, u[1:-1], args.n)
+    resumed_all = comm.gather("none" if resumed is None else str(resumed), root=0)
     if comm.rank == 0:
         if args.out:
             np.save(args.out, field)
@@ -135,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         digest = hashlib.sha256(field.tobytes()).hexdigest()
-        print(f"heat: done iters={args.iters} resumed_from={'none' if resumed is None else resumed} checksum={digest}")
+        resumed_from = ",".join(resumed_all) if uncoordinated else resumed_all[0]
+        print(f"heat: done iters={args.iters} resumed_from={resumed_from} checksum={digest}")
     return 0
 
 

@@ -12,8 +12,11 @@ from ..errors import InvalidStateError
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
 
 
-def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, Box]) -> None:
+def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, Box], *, cover: bool = True) -> None:
     """Check that the ranks' boxes lie inside ``global_shape``, never overlap and cover it.
+
+    With ``cover=False`` the boxes may leave parts of the array to ranks not listed
+    (a rank saving its own part alone, in the uncoordinated protocol).
 
     Parameters
     ----------
@@ -53,7 +56,7 @@ def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, B
             )
     covered = sum(math.prod(shape) for _, shape in boxes.values())
     total = math.prod(global_shape)
-    if covered != total:
+    if cover and covered != total:
         raise InvalidStateError(
             f"Distributed leaf {path!r}: the ranks' boxes cover {covered} of the {total} elements "
             f"of global_shape {global_shape}; every element must belong to exactly one rank"

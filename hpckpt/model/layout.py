@@ -37,8 +37,11 @@ class RankPlan:
     values: dict[str, Any]
 
 
-def merge_plans(plans: Sequence[RankPlan]) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:
+def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:
     """Merge the plans of all ranks (indexed by rank) into leaf records and values.
+
+    ``complete=False`` accepts distributed boxes that cover only part of their global
+    array (one rank's own checkpoint in the uncoordinated protocol).
 
     Raises
     ------
@@ -50,7 +53,9 @@ def merge_plans(plans: Sequence[RankPlan]) -> tuple[tuple[LeafRecord, ...], dict
     reference = plans[0]
     for rank, plan in enumerate(plans[1:], start=1):
         _check_same_tree(reference, plan, rank)
-    records = tuple(_merge_leaf([plan.leaves[i] for plan in plans]) for i in range(len(reference.leaves)))
+    records = tuple(
+        _merge_leaf([plan.leaves[i] for plan in plans], complete) for i in range(len(reference.leaves))
+    )
     return records, dict(reference.values)
 
 
@@ -76,7 +81,7 @@ def _check_same_tree(reference: RankPlan, plan: RankPlan, rank: int) -> None:
             )
 
 
-def _merge_leaf(per_rank: list[LeafPlan]) -> LeafRecord:
+def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
     first = per_rank[0]
     for rank, leaf in enumerate(per_rank):
         if leaf.dtype != first.dtype:
@@ -98,5 +103,5 @@ def _merge_leaf(per_rank: list[LeafPlan]) -> LeafRecord:
         return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks)
     blocks = tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum) for rank, leaf in enumerate(per_rank))
     if first.kind == "distributed":
-        check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks})
+        check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
     return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks)

@@ -48,9 +48,17 @@ class Local(_WholeArrayLeaf):
     ----------
     array
         This rank's array; its shape may differ from rank to rank, its dtype may not.
+    resizable
+        When True, restore replaces ``array`` with a new array of the stored shape if
+        the shapes differ (read ``leaf.array`` afterwards); when False (default), a
+        different shape is a :class:`~hpckpt.errors.StateMismatchError`.
     """
 
     kind = "local"
+
+    def __init__(self, array: Any, *, resizable: bool = False) -> None:
+        super().__init__(array)
+        self.resizable = resizable
 
 
 class Replicated(_WholeArrayLeaf):

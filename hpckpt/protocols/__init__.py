@@ -1,4 +1,3 @@
 """Checkpoint protocols: when ranks take a consistent cut (no byte layout here)."""
 
-PROTOCOLS = ("coordinated",)
-PLANNED_PROTOCOLS = ("uncoordinated",)
+PROTOCOLS = ("coordinated", "uncoordinated")

@@ -90,11 +90,21 @@ def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarra
 
 
 def save_coordinated(
-    comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, step: int, state: Any, *, keep: int
+    comm: MPI.Comm,
+    run_dir: RunDirectory,
+    backend: Backend,
+    step: int,
+    state: Any,
+    *,
+    keep: int,
+    protocol: str = "coordinated",
+    complete: bool = True,
 ) -> SaveReport:
     """Save ``state`` as step ``step`` and commit it (see the module docstring).
 
-    Collective over ``comm``: all ranks must call with the same ``step``.
+    Collective over ``comm``: all ranks must call with the same ``step``. The
+    uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
+    the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
     """
     rank = comm.rank
     created = time.time()
@@ -109,7 +119,7 @@ def save_coordinated(
             seconds[name] = time.perf_counter() - start
 
     def plan() -> tuple[int, RankPlan]:
-        faults.point("save.plan", rank)
+        faults.point("save.plan")
         rank_plan, arrays = plan_local(state)
         staged.update(arrays)
         return step, rank_plan
@@ -119,7 +129,7 @@ def save_coordinated(
     if len(steps) > 1:
         per_rank = ", ".join(f"rank {r}: {s}" for r, (s, _) in enumerate(gathered))
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
-    records, values = merge_plans([rank_plan for _, rank_plan in gathered])
+    records, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
     records = backend.layout(records)
 
     timed("prepare", lambda: run_dir.prepare(step) if rank == 0 else None)
@@ -127,7 +137,7 @@ def save_coordinated(
 
     def write() -> list[str]:
         try:
-            faults.point("save.write", rank)
+            faults.point("save.write")
             return backend.write(comm, temp, records, blocks_of_rank(records, staged, rank))
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
@@ -136,7 +146,7 @@ def save_coordinated(
     files = timed("write", write)
     manifest = Manifest(
         step=step,
-        protocol="coordinated",
+        protocol=protocol,
         backend=backend.name,
         world_size=comm.size,
         checksum_algorithm=ALGORITHM,
@@ -148,14 +158,14 @@ def save_coordinated(
     )
 
     def commit() -> None:
-        faults.point("save.commit", rank)
+        faults.point("save.commit")
         if rank == 0:
             run_dir.commit(manifest)
 
     timed("commit", commit)
 
     def retain() -> list[int]:
-        faults.point("save.retain", rank)
+        faults.point("save.retain")
         return run_dir.retain(keep) if rank == 0 else []
 
     deleted = timed("retain", retain, gather_phase)[0]

@@ -32,7 +32,7 @@ from .._comm import gather_phase, run_phase
 from ..buffers.host import writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
-from ..model.leaves import ARRAY_LEAF_TYPES
+from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.boxes import Box, intersection, local_slices
 from ..model.manifest import Block, LeafRecord, Manifest
 from ..model.tree import Slot, flatten
@@ -52,11 +52,13 @@ class _Piece:
     """A stored block to read, and where its part of this rank's leaf goes.
 
     ``slices`` is None when the block is read straight into the destination.
+    ``resized`` is a resizable Local leaf that gets ``destination`` as its new array.
     """
 
     request: BlockData
     destination: np.ndarray
     slices: tuple[tuple[slice, ...], tuple[slice, ...]] | None
+    resized: Local | None = None  # a resizable Local leaf whose array becomes ``destination``
 
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
@@ -127,6 +129,8 @@ def restore_newest(
             if piece.slices is not None:
                 into, source = piece.slices
                 piece.destination[into] = piece.request.array[source]
+            if piece.resized is not None:
+                piece.resized.array, piece.resized.shape = piece.destination, piece.destination.shape
         for slot in slots:
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])
@@ -209,7 +213,7 @@ def _differences(
             )
             continue
         block = record.block_of(rank if source is None else source)
-        if leaf.shape != block.shape:
+        if leaf.shape != block.shape and not getattr(leaf, "resizable", False):
             found.append(
                 f"leaf {slot.path!r} on rank {rank} has shape {leaf.shape} but the checkpoint's block "
                 f"(of rank {block.rank}) has {block.shape}"
@@ -249,6 +253,10 @@ def _plan_reads(
             pieces += _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
             continue
         block = record.block_of(source if leaf.kind == "local" and source is not None else rank)
+        if isinstance(leaf, Local) and leaf.resizable and leaf.shape != block.shape:
+            fresh = np.empty(block.shape, dtype=record.dtype)
+            pieces.append(_Piece(BlockData(record, block, fresh), fresh, None, resized=leaf))
+            continue
         pieces.append(_whole_block_piece(record, block, destination))
     return pieces
 
@@ -282,7 +290,7 @@ def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -
 
 def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, pieces: list[_Piece], rank: int) -> list[str]:
     """Read the planned blocks; describe each block that fails verification."""
-    faults.point("restore.read", rank)
+    faults.point("restore.read")
     directory = run_dir.step_path(step)
     requests = [piece.request for piece in pieces]
     try:

@@ -13,6 +13,7 @@ while reading cannot leave the others waiting in a collective call.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -96,7 +97,12 @@ class HDF5Backend:
                 block.rank: group.create_dataset(local_block_name(block.rank), shape=block.shape, dtype=record.dtype)
                 for block in record.blocks
             }
-        dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype)
+        stored = [block.shape for block in record.blocks if block.size]
+        partial = record.kind == "distributed" and sum(math.prod(s) for s in stored) < math.prod(record.global_shape)
+        # A partial array (one rank's own checkpoint) is chunked by its box, so the file
+        # holds that box only, not the whole global array.
+        chunks = max(stored, key=math.prod) if partial and stored else None
+        dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype, chunks=chunks)
         dataset.attrs["hpckpt_kind"] = record.kind
         return dataset
 

@@ -33,8 +33,18 @@ def first_attempt() -> bool:
     return os.environ.get("HPCKPT_ATTEMPT", "0") in ("", "0")
 
 
-def point(name: str, rank: int) -> None:
-    """Mark that ``rank`` reached point ``name``; act if ``HPCKPT_FAULT`` asks to."""
+def _world_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.rank
+
+
+def point(name: str) -> None:
+    """Mark that this process reached point ``name``; act if ``HPCKPT_FAULT`` asks to.
+
+    The rank in ``HPCKPT_FAULT`` is the process's rank in ``COMM_WORLD`` (the
+    uncoordinated protocol saves on ``COMM_SELF``, where every rank is 0).
+    """
     global _active_spec
     spec = os.environ.get(ENV)
     if spec != _active_spec:  # a new fault plan counts from zero
@@ -47,7 +57,10 @@ def point(name: str, rank: int) -> None:
         raise ValueError(f"{ENV}={spec!r}: expected POINT:RANK:ACTION[:NTH] with ACTION one of {ACTIONS}")
     target, target_rank, action = fields[0], int(fields[1]), fields[2]
     nth = int(fields[3]) if len(fields) == 4 else 1
-    if name != target or rank != target_rank:
+    if name != target:
+        return
+    rank = _world_rank()
+    if rank != target_rank:
         return
     _reached[name] += 1
     if _reached[name] != nth:

@@ -1,0 +1,1 @@
+"""Sender-based message logging for the uncoordinated protocol."""

@@ -1,0 +1,463 @@
+"""The wrapped communicator of the uncoordinated protocol: sender-based message logging.
+
+Every application message travels as a packet (a 16-byte header with its per-channel
+sequence number, then the payload). The sender keeps the packet in its log; the
+receiver checks the sequence number and counts it delivered. Wildcard receives record
+their match as determinants. The logged collectives (Bcast, Reduce, Allreduce,
+Barrier) record their results, so a rank that rolled back can be given them again.
+
+After a whole-job relaunch, :meth:`LoggedComm.recover` (collective) tells every rank
+what each peer's checkpoint already holds: a sender then replays from its log what
+its receivers still need, drops (suppresses) what they already have when it
+re-executes, and serves the results of collectives that ranks behind it must redo.
+See docs/protocols.md for the rules and the assumptions.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InvalidStateError
+from .determinants import DeterminantFile
+from .state import Channel, MessageLogError, MessageState, pack, unpack
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+TAG_NOTICE = 1  # on the control communicator: "I committed; trim against these counts"
+TAG_RESULT = 2  # on the control communicator: a logged collective result, in index order
+
+
+def _payload(buf: Any, what: str) -> np.ndarray:
+    array = np.asarray(buf)
+    if not array.flags.c_contiguous:
+        raise InvalidStateError(f"{what}: the buffer must be C-contiguous (got strides {array.strides})")
+    return array.reshape(-1).view(np.uint8)
+
+
+def _target(buf: Any, what: str) -> np.ndarray:
+    if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise InvalidStateError(f"{what}: the receive buffer must be a writable C-contiguous NumPy array")
+    return buf.reshape(-1).view(np.uint8)
+
+
+class _Completed:
+    """A request that has nothing left to do (a suppressed send, PROC_NULL)."""
+
+    def Wait(self, status: MPI.Status | None = None) -> None:  # noqa: N802 - mpi4py's names
+        """Nothing to wait for."""
+
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """Always done."""
+        return True
+
+
+class LoggedRequest:
+    """A nonblocking send or receive on a :class:`LoggedComm`; finish it with Wait or Test."""
+
+    def __init__(self, owner: LoggedComm, request: MPI.Request, finish: Callable[[MPI.Status], None]) -> None:
+        self._owner, self._request, self._finish, self._done = owner, request, finish, False
+        owner._open += 1
+
+    def _complete(self, status: MPI.Status) -> None:
+        self._done = True
+        self._owner._open -= 1
+        self._finish(status)
+
+    def Wait(self, status: MPI.Status | None = None) -> None:  # noqa: N802
+        """Block until the operation is done (a receive is then checked and counted)."""
+        if self._done:
+            return
+        from mpi4py import MPI
+
+        local = MPI.Status()
+        self._request.Wait(local)
+        self._complete(local)
+        if status is not None:
+            status.source, status.tag = local.source, local.tag
+
+    def Test(self, status: MPI.Status | None = None) -> bool:  # noqa: N802
+        """True (and the operation finished) when it is done."""
+        if self._done:
+            return True
+        from mpi4py import MPI
+
+        local = MPI.Status()
+        if not self._request.Test(local):
+            return False
+        self._complete(local)
+        if status is not None:
+            status.source, status.tag = local.source, local.tag
+        return True
+
+
+class LoggedComm:
+    """An mpi4py-like communicator that logs what it sends (see the module docstring).
+
+    Point-to-point: ``send``/``recv`` (objects), ``Send``/``Recv``/``Sendrecv``/
+    ``Isend``/``Irecv`` (C-contiguous NumPy buffers) with ``Wait``/``Waitall``.
+    Collectives: ``Bcast``, ``Reduce``, ``Allreduce``, ``Barrier``. Anything else is
+    passed to the underlying communicator unlogged: safe only where no rank can be
+    re-executing (for example after the last logged operation of the job).
+
+    Created by :class:`hpckpt.Checkpointer` (``protocol="uncoordinated"``); every rank
+    of ``comm`` creates it together.
+    """
+
+    def __init__(self, comm: MPI.Comm, determinants: DeterminantFile) -> None:
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self._comm = comm.Dup()
+        self._ctl = comm.Dup()
+        self.rank, self.size = self._comm.rank, self._comm.size
+        self.state = MessageState()
+        self.determinants = determinants
+        self.suppressed = 0
+        self.replayed = 0
+        self._suppress: dict[Channel, int] = {}
+        self._posted: dict[Channel, int] = {}
+        self._providers: dict[int, int] = {}
+        self._replay_until = 0
+        self._forced: dict[int, tuple[int, int, int]] = {}
+        self._wildcards = 0
+        self._open = 0
+        self._pending: list[tuple[MPI.Request, np.ndarray]] = []
+        self._peer_done: dict[int, int] = {}
+        self._notices_sent = np.zeros(self.size, dtype=np.int64)
+        self._notices_received = np.zeros(self.size, dtype=np.int64)
+
+    # -- mpi4py look-alikes -------------------------------------------------
+
+    def Get_rank(self) -> int:  # noqa: N802
+        """This rank."""
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        """Number of ranks."""
+        return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._comm, name)
+
+    # -- point to point ------------------------------------------------------
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        """Blocking send of a buffer, logged."""
+        packet = self._log_send(_payload(buf, f"Send to rank {dest}"), dest, tag)
+        if packet is not None:
+            self._comm.Send(packet, dest, tag)
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> LoggedRequest | _Completed:  # noqa: N802
+        """Nonblocking send of a buffer, logged (the buffer may be reused at once)."""
+        packet = self._log_send(_payload(buf, f"Isend to rank {dest}"), dest, tag)
+        if packet is None:
+            return _Completed()
+        return LoggedRequest(self, self._comm.Isend(packet, dest, tag), lambda status: None)
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Blocking send of a picklable object, logged."""
+        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        packet = self._log_send(payload, dest, tag)
+        if packet is not None:
+            self._comm.Send(packet, dest, tag)
+
+    def Irecv(self, buf: Any, source: int | None = None, tag: int | None = None) -> LoggedRequest | _Completed:  # noqa: N802
+        """Nonblocking receive into a buffer; checked and counted when it completes."""
+        MPI = self._mpi
+        source = MPI.ANY_SOURCE if source is None else source
+        tag = MPI.ANY_TAG if tag is None else tag
+        target = _target(buf, f"Irecv from rank {source}")
+        if source == MPI.PROC_NULL:
+            return _Completed()
+        source, tag, wildcard, expected = self._match(source, tag)
+        packet = np.empty(16 + target.nbytes, dtype=np.uint8)
+
+        def finish(status: MPI.Status) -> None:
+            payload = self._deliver(packet, status, wildcard, expected)
+            if payload.nbytes > target.nbytes:
+                raise MessageLogError(f"rank {self.rank}: message of {payload.nbytes} bytes into a {target.nbytes}-byte buffer")
+            target[: payload.nbytes] = payload
+
+        return LoggedRequest(self, self._comm.Irecv(packet, source, tag), finish)
+
+    def Recv(self, buf: Any, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> None:  # noqa: N802
+        """Blocking receive into a buffer."""
+        self.Irecv(buf, source, tag).Wait(status)
+
+    def recv(self, buf: None = None, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> Any:
+        """Blocking receive of an object sent with :meth:`send`."""
+        MPI = self._mpi
+        source = MPI.ANY_SOURCE if source is None else source
+        tag = MPI.ANY_TAG if tag is None else tag
+        source, tag, wildcard, expected = self._match(source, tag)
+        local = MPI.Status()
+        message = self._comm.mprobe(source, tag, local)
+        packet = np.empty(local.Get_count(MPI.BYTE), dtype=np.uint8)
+        message.Recv(packet, local)
+        payload = self._deliver(packet, local, wildcard, expected)
+        if status is not None:
+            status.source, status.tag = local.source, local.tag
+        return pickle.loads(payload.tobytes())  # a live message, as mpi4py's recv does
+
+    def Sendrecv(  # noqa: N802, PLR0913
+        self,
+        sendbuf: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int | None = None,
+        recvtag: int | None = None,
+        status: MPI.Status | None = None,
+    ) -> None:
+        """Send and receive at once (never deadlocks on large messages)."""
+        receive = self.Irecv(recvbuf, source, recvtag)
+        self.Isend(sendbuf, dest, sendtag).Wait()
+        receive.Wait(status)
+
+    @staticmethod
+    def Waitall(requests: Sequence[LoggedRequest | _Completed]) -> None:  # noqa: N802
+        """Wait for every request, in order."""
+        for request in requests:
+            request.Wait()
+
+    # -- logged collectives --------------------------------------------------
+
+    def Barrier(self) -> None:  # noqa: N802
+        """A barrier, counted so a recovering rank can skip the ones already passed."""
+        self._collective(self._comm.Barrier, None)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        """Broadcast ``buf`` from ``root``; the result is logged."""
+        target = _target(buf, "Bcast")
+        self._collective(lambda: self._comm.Bcast(buf, root), target)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: MPI.Op | None = None) -> None:  # noqa: N802
+        """Reduce to every rank; the result is logged."""
+        op = self._mpi.SUM if op is None else op
+        target = _target(recvbuf, "Allreduce")
+        self._collective(lambda: self._comm.Allreduce(sendbuf, recvbuf, op), target)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: MPI.Op | None = None, root: int = 0) -> None:  # noqa: N802
+        """Reduce to ``root``. Done as an Allreduce, so every rank can serve the result."""
+        result = np.empty_like(np.asarray(sendbuf))
+        self.Allreduce(sendbuf, result, op)
+        if self.rank == root:
+            _target(recvbuf, "Reduce")[:] = result.reshape(-1).view(np.uint8)
+
+    # -- the protocol ----------------------------------------------------------
+
+    def _log_send(self, payload: np.ndarray, dest: int, tag: int) -> np.ndarray | None:
+        """Number and log a message; return the packet to send, or None if suppressed."""
+        self._poll()
+        if dest == self._mpi.PROC_NULL:
+            return None
+        if tag < 0:
+            raise InvalidStateError(f"send to rank {dest}: tag must be >= 0, got {tag}")
+        channel = (dest, tag)
+        seq = self.state.sent.get(channel, 0) + 1
+        self.state.sent[channel] = seq
+        packet = pack(seq, payload)
+        self.state.log.setdefault(channel, {})[seq] = packet
+        if seq <= self._suppress.get(channel, 0):
+            self.suppressed += 1
+            return None
+        return packet
+
+    def _match(self, source: int, tag: int) -> tuple[int, int, int | None, int | None]:
+        """Source and tag to receive with, the wildcard index, and the expected seq if known."""
+        MPI = self._mpi
+        self._poll()
+        if source != MPI.ANY_SOURCE and tag != MPI.ANY_TAG:
+            channel = (source, tag)
+            expected = self._posted.get(channel, 0) + 1
+            self._posted[channel] = expected
+            return source, tag, None, expected
+        index = self._wildcards
+        self._wildcards += 1
+        if index in self._forced:
+            forced_source, forced_tag, _ = self._forced[index]
+            return forced_source, forced_tag, index, None
+        return source, tag, index, None
+
+    def _deliver(self, packet: np.ndarray, status: MPI.Status, wildcard: int | None, expected: int | None) -> np.ndarray:
+        """Check a received packet's seq, count it delivered, record a determinant."""
+        source, tag = status.Get_source(), status.Get_tag()
+        where = f"rank {self.rank}: message from rank {source} with tag {tag}"
+        seq, payload = unpack(packet, status.Get_count(self._mpi.BYTE), where)
+        channel = (source, tag)
+        if expected is None:
+            expected = self._posted.get(channel, 0) + 1
+            self._posted[channel] = expected
+        if seq != expected:
+            raise MessageLogError(
+                f"{where} has sequence number {seq}, expected {expected}: a message was lost or "
+                "duplicated (the application is not piecewise deterministic, or used the "
+                "communicator outside the logged operations; see docs/protocols.md)"
+            )
+        self.state.delivered[channel] = max(self.state.delivered.get(channel, 0), seq)
+        if wildcard is not None:
+            recorded = self._forced.get(wildcard)
+            if recorded is None:
+                self.determinants.append(wildcard, source, tag, seq)
+            elif recorded != (source, tag, seq):
+                raise MessageLogError(f"{where}: wildcard receive {wildcard} was recorded as {recorded}, got {(source, tag, seq)}")
+        return payload
+
+    def _collective(self, run: Callable[[], None], result: np.ndarray | None) -> None:
+        """Run (or, when re-executing, replay) logged collective number ``collectives_done``."""
+        self._poll()
+        index = self.state.collectives_done
+        if index < self._replay_until:
+            logged = self._fetch_result(self._providers[index], index)
+            if result is not None:
+                if logged.nbytes != result.nbytes:
+                    raise MessageLogError(
+                        f"rank {self.rank}: collective {index} has a logged result of {logged.nbytes} bytes, "
+                        f"but this call's buffer has {result.nbytes}: the application re-executed differently"
+                    )
+                result[:] = logged
+        else:
+            run()
+            logged = result.copy() if result is not None else np.empty(0, dtype=np.uint8)
+        self.state.results[index] = logged
+        self.state.collectives_done = index + 1
+
+    def _fetch_result(self, provider: int, index: int) -> np.ndarray:
+        MPI = self._mpi
+        status = MPI.Status()
+        self._ctl.Probe(provider, TAG_RESULT, status)
+        logged = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+        self._ctl.Recv(logged, provider, TAG_RESULT)
+        return logged
+
+    def _poll(self) -> None:
+        """Apply the commit notices that have arrived; finish completed background sends."""
+        MPI = self._mpi
+        status = MPI.Status()
+        while self._ctl.Iprobe(MPI.ANY_SOURCE, TAG_NOTICE, status):
+            self._receive_notice(status.Get_source(), status.Get_count(MPI.BYTE) // 8)
+        self._pending = [(request, data) for request, data in self._pending if not request.Test()]
+
+    def _receive_notice(self, peer: int, length: int) -> None:
+        notice = np.empty(length, dtype=np.int64)
+        self._ctl.Recv(notice, peer, TAG_NOTICE)
+        self._notices_received[peer] += 1
+        self._peer_done[peer] = int(notice[0])
+        for tag, delivered in notice[1:].reshape(-1, 2):
+            self.state.trim_channel((peer, int(tag)), int(delivered))
+        self._trim_results()
+
+    def _trim_results(self) -> None:
+        if len(self._peer_done) == self.size:
+            self.state.trim_results(min(self._peer_done.values()))
+
+    def committed(self, step: int, retained: Sequence[int], determinants: DeterminantFile) -> None:
+        """After this rank committed ``step``: new epoch, and notices to every peer.
+
+        Not collective: each peer applies the notice at its next logged operation.
+        """
+        self.state.history = [entry for entry in self.state.history if entry[0] in retained]
+        self.state.history.append((step, dict(self.state.delivered), self.state.collectives_done))
+        self.determinants.close()
+        self.determinants = determinants
+        self._forced, self._wildcards = {}, 0
+        oldest_step, oldest_delivered, oldest_done = self.state.history[0]
+        self._peer_done[self.rank] = oldest_done
+        self._trim_results()
+        for peer in range(self.size):
+            if peer == self.rank:
+                continue
+            rows = [(tag, n) for (source, tag), n in sorted(oldest_delivered.items()) if source == peer]
+            notice = np.array([oldest_done, *[x for row in rows for x in row]], dtype=np.int64)
+            self._pending.append((self._ctl.Isend(notice, peer, TAG_NOTICE), notice))
+            self._notices_sent[peer] += 1
+
+    def check_quiet(self, step: int) -> None:
+        """Refuse a checkpoint while nonblocking requests are open (their messages would be lost)."""
+        if self._open:
+            raise InvalidStateError(
+                f"save({step}) with {self._open} nonblocking request(s) of ckpt.comm still open on rank "
+                f"{self.rank}; Wait for them before saving"
+            )
+
+    def recover(self, state: MessageState, forced: dict[int, tuple[int, int, int]]) -> None:
+        """Restart after a relaunch: agree on what each checkpoint holds, replay, serve results.
+
+        Collective over the communicator: every rank calls it once, after restoring its
+        own newest checkpoint (``state``; an empty state when it has none).
+        """
+        self.state, self._forced, self._wildcards = state, forced, 0
+        self._posted = dict(state.delivered)
+        rows = np.array([[s, t, n] for (s, t), n in sorted(state.delivered.items())], dtype=np.int64).reshape(-1)
+        counts = np.array(self._ctl.allgather(rows.size), dtype=np.int64)
+        everyone = np.empty(int(counts.sum()), dtype=np.int64)
+        self._ctl.Allgatherv(rows, [everyone, counts])
+        dones = np.array(self._ctl.allgather(state.collectives_done), dtype=np.int64)
+        at = 0
+        for peer, count in enumerate(counts):
+            for source, tag, delivered in everyone[at : at + count].reshape(-1, 3):
+                if source == self.rank:
+                    self._suppress[(peer, int(tag))] = int(delivered)
+            at += count
+        self._replay_messages()
+        self._serve_collectives(dones)
+
+    def _replay_messages(self) -> None:
+        """Send again, in order, the logged messages each receiver's checkpoint lacks."""
+        for channel, sent in sorted(self.state.sent.items()):
+            dest, tag = channel
+            already = self._suppress.get(channel, 0)
+            entries = self.state.log.get(channel, {})
+            for seq in range(already + 1, sent + 1):
+                if seq not in entries:
+                    raise MessageLogError(
+                        f"rank {self.rank}: message {seq} to rank {dest} (tag {tag}) is needed for replay "
+                        "but is no longer in the log"
+                    )
+                self._pending.append((self._comm.Isend(entries[seq], dest, tag), entries[seq]))
+                self.replayed += 1
+
+    def _serve_collectives(self, dones: np.ndarray) -> None:
+        """Send the logged results of collectives that ranks behind must redo."""
+        self._replay_until = int(dones.max())
+        for index in range(int(dones.min()), self._replay_until):
+            provider = int(np.flatnonzero(dones > index)[0])
+            if index >= dones[self.rank]:
+                self._providers[index] = provider
+            if provider != self.rank:
+                continue
+            if index not in self.state.results:
+                raise MessageLogError(f"rank {self.rank}: the result of collective {index} is needed but not logged")
+            for behind in np.flatnonzero(dones <= index):
+                result = self.state.results[index]
+                self._pending.append((self._ctl.Isend(result, int(behind), TAG_RESULT), result))
+
+    def drain(self) -> None:
+        """Receive every notice still in flight and finish every background send.
+
+        Collective: every rank calls it when it is done with the communicator.
+        """
+        MPI = self._mpi
+        expected = np.empty(self.size, dtype=np.int64)
+        self._ctl.Alltoall(self._notices_sent, expected)
+        status = MPI.Status()
+        for peer in range(self.size):
+            while self._notices_received[peer] < expected[peer]:
+                self._ctl.Probe(peer, TAG_NOTICE, status)
+                self._receive_notice(peer, status.Get_count(MPI.BYTE) // 8)
+        for request, _ in self._pending:
+            request.Wait()
+        self._pending = []
+        self.determinants.close()
+
+    def free(self) -> None:
+        """Release the duplicated communicators. Collective."""
+        self._comm.Free()
+        self._ctl.Free()
