@@ -129,8 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done})")
                 return 0
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
+        log_peak = halo_comm.log_peak_bytes if uncoordinated else 0
     field = gather_field(comm, u[1:-1], args.n)
     resumed_all = comm.gather("none" if resumed is None else str(resumed), root=0)
+    log_peaks = comm.gather(log_peak, root=0)
     if comm.rank == 0:
         if args.out:
             np.save(args.out, field)
@@ -141,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         digest = hashlib.sha256(field.tobytes()).hexdigest()
+        if uncoordinated:
+            print(f"heat: message log peak {max(log_peaks)} bytes (largest rank, at its checkpoints)", flush=True)
         resumed_from = ",".join(resumed_all) if uncoordinated else resumed_all[0]
         print(f"heat: done iters={args.iters} resumed_from={resumed_from} checksum={digest}")
     return 0

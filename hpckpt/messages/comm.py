@@ -119,6 +119,7 @@ class LoggedComm:
         self.determinants = determinants
         self.suppressed = 0
         self.replayed = 0
+        self.log_peak_bytes = 0  # the largest log seen at a commit
         self._suppress: dict[Channel, int] = {}
         self._posted: dict[Channel, int] = {}
         self._providers: dict[int, int] = {}
@@ -363,6 +364,7 @@ class LoggedComm:
 
         Not collective: each peer applies the notice at its next logged operation.
         """
+        self.log_peak_bytes = max(self.log_peak_bytes, self.state.log_bytes())
         self.state.history = [entry for entry in self.state.history if entry[0] in retained]
         self.state.history.append((step, dict(self.state.delivered), self.state.collectives_done))
         self.determinants.close()

@@ -15,7 +15,7 @@ import pytest
 if shutil.which("mpiexec") is None:
     pytest.skip("mpiexec is not installed (run `make install`)", allow_module_level=True)
 
-DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=(\w+) checksum=([0-9a-f]{64})$", re.MULTILINE)
+DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=([\w,]+) checksum=([0-9a-f]{64})$", re.MULTILINE)
 JOB_TIMEOUT = 50
 
 

@@ -1,0 +1,91 @@
+"""The uncoordinated protocol under real SIGKILLs: each rank rolls back to its own checkpoint.
+
+Heat solver trials kill a random rank at a random save point (while it saves), at a
+random iteration, or from outside at a random moment (messages in flight); every
+relaunched run must end bit for bit equal to the fault-free run. The logged-app trials
+add any-source receives and collectives and check the recorded order stays consistent.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.fault.conftest import JOB_TIMEOUT, heat_command, relaunched, run
+from tests.fault.test_heat_faults import RANKS, SAVE_POINTS, run_with_external_kill
+
+BACKENDS = ("posix", "hdf5", "adios2")
+APP_DONE = re.compile(r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M)
+
+
+def uncoordinated(run_dir, *args: str, **kwargs) -> list[str]:
+    return heat_command(RANKS, run_dir, "--protocol", "uncoordinated", *args, **kwargs)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_kills_resume_bit_for_bit_from_each_ranks_own_checkpoint(seed, tmp_path, reference_checksum):
+    rng = random.Random(1000 + seed)
+    run_dir = tmp_path / "ckpt"
+    mode = ("save-point", "iteration", "external")[seed % 3]
+    backend = ["--backend", BACKENDS[seed // 3 % 3]]
+    if mode == "save-point":
+        fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(2, 11)}"
+        result, delivered = run(relaunched(uncoordinated(run_dir, *backend)), env={"HPCKPT_FAULT": fault}), True
+    elif mode == "iteration":
+        crash = ["--crash-at-iter", str(rng.randint(25, 119)), "--crash-rank", str(rng.randrange(RANKS))]
+        result, delivered = run(relaunched(uncoordinated(run_dir, *backend, *crash))), True
+    else:
+        result, delivered = run_with_external_kill(relaunched(uncoordinated(run_dir, *backend)), rng)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.checksum == reference_checksum
+    if delivered:
+        assert result.failed_attempts == 1, result.stderr[-3000:]
+    resumed = result.resumed_from.split(",")
+    assert len(resumed) == RANKS
+    if mode != "external":  # the kill came after every rank's second checkpoint
+        assert "none" not in resumed and len(set(resumed)) > 1, resumed  # each rank from its own step
+    assert "is corrupt" not in result.stderr
+
+
+def app_command(run_dir, *args: str) -> list[str]:
+    return ["mpiexec", "-n", str(RANKS), sys.executable, "-m", "tests.jobs.logged_app", str(run_dir), *args]
+
+
+@pytest.fixture(scope="module")
+def app_reference(tmp_path_factory) -> str:
+    completed = subprocess.run(app_command(tmp_path_factory.mktemp("app") / "clean"), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    match = APP_DONE.search(completed.stdout)
+    assert match and match.group(3) == "yes", completed.stdout + completed.stderr[-3000:]
+    return match.group(2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_source_and_collectives_recover_consistently(seed, tmp_path, app_reference):
+    rng = random.Random(2000 + seed)
+    command = relaunched(app_command(tmp_path / "ckpt", "--backend", BACKENDS[seed % 3]))
+    if seed % 2:
+        result, _ = run_with_external_kill(command, rng)
+    else:
+        crash = f"{rng.randrange(RANKS)}:{rng.randint(8, 59)}"
+        result = run(relaunched(app_command(tmp_path / "ckpt", "--crash", crash, "--backend", BACKENDS[seed % 3])))
+    assert result.returncode == 0, result.stderr[-3000:]
+    match = APP_DONE.search(result.stdout)
+    assert match, result.stdout + result.stderr[-3000:]
+    assert match.group(2) == app_reference
+    assert match.group(3) == "yes"  # the any-source order rank 0 re-executed is the one others consumed
+
+
+def test_the_message_log_stays_bounded(tmp_path, reference_checksum):
+    iters, every, keep, n = 400, 10, 3, 96
+    result = run(uncoordinated(tmp_path / "ckpt", "--keep", str(keep), iters=iters, every=every, n=n))
+    assert result.returncode == 0, result.stderr[-3000:]
+    peak = int(re.search(r"^heat: message log peak (\d+) bytes", result.stdout, re.M).group(1))
+    message = 16 + n * 8  # header + one halo row
+    # A rank keeps, per neighbour, the rows sent since that neighbour's oldest kept
+    # checkpoint: at most (keep + 2) * every of them (checkpoints are staggered).
+    assert 0 < peak <= 2 * (keep + 2) * every * message
+    assert peak < 2 * iters * message / 4  # far below an untrimmed log
