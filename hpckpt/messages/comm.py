@@ -1,9 +1,9 @@
 """The wrapped communicator of the uncoordinated protocol: sender-based message logging.
 
-Every application message travels as a packet (a 16-byte header with its per-channel
-sequence number, then the payload). The sender keeps the packet in its log; the
-receiver checks the sequence number and counts it delivered. Wildcard receives record
-their match as determinants. The logged collectives (Bcast, Reduce, Allreduce,
+Every application message travels as raw bytes, from and into the application's own
+buffers; the sender numbers it on its channel and keeps a copy of the payload in its
+log (the one copy logging costs); the receiver counts it delivered on the same
+channel. Wildcard receives record their match as determinants. The logged collectives (Bcast, Reduce, Allreduce,
 Barrier) record their results, so a rank that rolled back can be given them again.
 
 After a whole-job relaunch, :meth:`LoggedComm.recover` (collective) tells every rank
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import InvalidStateError
 from .determinants import DeterminantFile
-from .state import Channel, MessageLogError, MessageState, pack, unpack
+from .state import Channel, MessageLogError, MessageState
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -151,23 +151,23 @@ class LoggedComm:
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
         """Blocking send of a buffer, logged."""
-        packet = self._log_send(_payload(buf, f"Send to rank {dest}"), dest, tag)
-        if packet is not None:
-            self._comm.Send(packet, dest, tag)
+        payload = self._log_send(_payload(buf, f"Send to rank {dest}"), dest, tag)
+        if payload is not None:
+            self._comm.Send([payload, self._mpi.BYTE], dest, tag)
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> LoggedRequest | _Completed:  # noqa: N802
-        """Nonblocking send of a buffer, logged (the buffer may be reused at once)."""
-        packet = self._log_send(_payload(buf, f"Isend to rank {dest}"), dest, tag)
-        if packet is None:
+        """Nonblocking send of a buffer, logged (the logged copy is sent: reuse ``buf`` at once)."""
+        payload = self._log_send(_payload(buf, f"Isend to rank {dest}"), dest, tag)
+        if payload is None:
             return _Completed()
-        return LoggedRequest(self, self._comm.Isend(packet, dest, tag), lambda status: None)
+        return LoggedRequest(self, self._comm.Isend([payload, self._mpi.BYTE], dest, tag), lambda status: None)
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Blocking send of a picklable object, logged."""
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-        packet = self._log_send(payload, dest, tag)
-        if packet is not None:
-            self._comm.Send(packet, dest, tag)
+        payload = self._log_send(payload, dest, tag)
+        if payload is not None:
+            self._comm.Send([payload, self._mpi.BYTE], dest, tag)
 
     def Irecv(self, buf: Any, source: int | None = None, tag: int | None = None) -> LoggedRequest | _Completed:  # noqa: N802
         """Nonblocking receive into a buffer; checked and counted when it completes."""
@@ -178,15 +178,8 @@ class LoggedComm:
         if source == MPI.PROC_NULL:
             return _Completed()
         source, tag, wildcard, expected = self._match(source, tag)
-        packet = np.empty(16 + target.nbytes, dtype=np.uint8)
-
-        def finish(status: MPI.Status) -> None:
-            payload = self._deliver(packet, status, wildcard, expected)
-            if payload.nbytes > target.nbytes:
-                raise MessageLogError(f"rank {self.rank}: message of {payload.nbytes} bytes into a {target.nbytes}-byte buffer")
-            target[: payload.nbytes] = payload
-
-        return LoggedRequest(self, self._comm.Irecv(packet, source, tag), finish)
+        request = self._comm.Irecv([target, self._mpi.BYTE], source, tag)
+        return LoggedRequest(self, request, lambda status: self._deliver(status, wildcard, expected))
 
     def Recv(self, buf: Any, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> None:  # noqa: N802
         """Blocking receive into a buffer."""
@@ -200,9 +193,9 @@ class LoggedComm:
         source, tag, wildcard, expected = self._match(source, tag)
         local = MPI.Status()
         message = self._comm.mprobe(source, tag, local)
-        packet = np.empty(local.Get_count(MPI.BYTE), dtype=np.uint8)
-        message.Recv(packet, local)
-        payload = self._deliver(packet, local, wildcard, expected)
+        payload = np.empty(local.Get_count(MPI.BYTE), dtype=np.uint8)
+        message.Recv([payload, MPI.BYTE], local)
+        self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
         return pickle.loads(payload.tobytes())  # a live message, as mpi4py's recv does
@@ -217,10 +210,25 @@ class LoggedComm:
         recvtag: int | None = None,
         status: MPI.Status | None = None,
     ) -> None:
-        """Send and receive at once (never deadlocks on large messages)."""
-        receive = self.Irecv(recvbuf, source, recvtag)
-        self.Isend(sendbuf, dest, sendtag).Wait()
-        receive.Wait(status)
+        """Send and receive at once, in one MPI call (no deadlock on large messages)."""
+        MPI = self._mpi
+        source = MPI.ANY_SOURCE if source is None else source
+        recvtag = MPI.ANY_TAG if recvtag is None else recvtag
+        target = _target(recvbuf, f"Sendrecv from rank {source}")
+        payload = self._log_send(_payload(sendbuf, f"Sendrecv to rank {dest}"), dest, sendtag)
+        if source == MPI.PROC_NULL:
+            if payload is not None:
+                self._comm.Send([payload, MPI.BYTE], dest, sendtag)
+            return
+        source, recvtag, wildcard, expected = self._match(source, recvtag)
+        local = MPI.Status()
+        if payload is None:
+            self._comm.Recv([target, MPI.BYTE], source, recvtag, local)
+        else:
+            self._comm.Sendrecv([payload, MPI.BYTE], dest, sendtag, [target, MPI.BYTE], source, recvtag, local)
+        self._deliver(local, wildcard, expected)
+        if status is not None:
+            status.source, status.tag = local.source, local.tag
 
     @staticmethod
     def Waitall(requests: Sequence[LoggedRequest | _Completed]) -> None:  # noqa: N802
@@ -255,7 +263,7 @@ class LoggedComm:
     # -- the protocol ----------------------------------------------------------
 
     def _log_send(self, payload: np.ndarray, dest: int, tag: int) -> np.ndarray | None:
-        """Number and log a message; return the packet to send, or None if suppressed."""
+        """Number and log a message; return the logged bytes to send, or None if suppressed."""
         self._poll()
         if dest == self._mpi.PROC_NULL:
             return None
@@ -264,12 +272,11 @@ class LoggedComm:
         channel = (dest, tag)
         seq = self.state.sent.get(channel, 0) + 1
         self.state.sent[channel] = seq
-        packet = pack(seq, payload)
-        self.state.log.setdefault(channel, {})[seq] = packet
+        logged = self.state.keep(channel, seq, payload)
         if seq <= self._suppress.get(channel, 0):
             self.suppressed += 1
             return None
-        return packet
+        return logged
 
     def _match(self, source: int, tag: int) -> tuple[int, int, int | None, int | None]:
         """Source and tag to receive with, the wildcard index, and the expected seq if known."""
@@ -287,29 +294,25 @@ class LoggedComm:
             return forced_source, forced_tag, index, None
         return source, tag, index, None
 
-    def _deliver(self, packet: np.ndarray, status: MPI.Status, wildcard: int | None, expected: int | None) -> np.ndarray:
-        """Check a received packet's seq, count it delivered, record a determinant."""
+    def _deliver(self, status: MPI.Status, wildcard: int | None, expected: int | None) -> None:
+        """Count a received message delivered on its channel; record or check a determinant."""
         source, tag = status.Get_source(), status.Get_tag()
-        where = f"rank {self.rank}: message from rank {source} with tag {tag}"
-        seq, payload = unpack(packet, status.Get_count(self._mpi.BYTE), where)
         channel = (source, tag)
-        if expected is None:
+        if expected is None:  # a wildcard receive: the next message of the channel it matched
             expected = self._posted.get(channel, 0) + 1
             self._posted[channel] = expected
-        if seq != expected:
+        self.state.delivered[channel] = max(self.state.delivered.get(channel, 0), expected)
+        if wildcard is None:
+            return
+        recorded = self._forced.get(wildcard)
+        if recorded is None:
+            self.determinants.append(wildcard, source, tag, expected)
+        elif recorded != (source, tag, expected):
             raise MessageLogError(
-                f"{where} has sequence number {seq}, expected {expected}: a message was lost or "
-                "duplicated (the application is not piecewise deterministic, or used the "
-                "communicator outside the logged operations; see docs/protocols.md)"
+                f"rank {self.rank}: wildcard receive {wildcard} was recorded as (source, tag, seq) = {recorded} "
+                f"but re-executed as {(source, tag, expected)}: the application is not piecewise deterministic "
+                "(see docs/protocols.md)"
             )
-        self.state.delivered[channel] = max(self.state.delivered.get(channel, 0), seq)
-        if wildcard is not None:
-            recorded = self._forced.get(wildcard)
-            if recorded is None:
-                self.determinants.append(wildcard, source, tag, seq)
-            elif recorded != (source, tag, seq):
-                raise MessageLogError(f"{where}: wildcard receive {wildcard} was recorded as {recorded}, got {(source, tag, seq)}")
-        return payload
 
     def _collective(self, run: Callable[[], None], result: np.ndarray | None) -> None:
         """Run (or, when re-executing, replay) logged collective number ``collectives_done``."""
@@ -423,7 +426,7 @@ class LoggedComm:
                         f"rank {self.rank}: message {seq} to rank {dest} (tag {tag}) is needed for replay "
                         "but is no longer in the log"
                     )
-                self._pending.append((self._comm.Isend(entries[seq], dest, tag), entries[seq]))
+                self._pending.append((self._comm.Isend([entries[seq], self._mpi.BYTE], dest, tag), entries[seq]))
                 self.replayed += 1
 
     def _serve_collectives(self, dones: np.ndarray) -> None:

@@ -2,11 +2,16 @@
 
 Channels are ``(peer, tag)`` pairs on the wrapped communicator: MPI keeps messages of
 one (source, tag, communicator) in order, so per channel a sequence number 1, 2, ...
-names every application message, and "delivered up to n" is always a prefix.
+names every application message, and "delivered up to n" is always a prefix. The
+numbers are counted on both sides and never travel: the n-th message received on a
+channel is the sender's n-th (replays are sent first and in order, suppressed sends
+never), so messages go from and into the application's buffers with no header and no
+copy on the receiving side.
 
 - ``sent[(dest, tag)]``: messages this rank has sent on the channel (its last seq);
 - ``delivered[(source, tag)]``: messages delivered to the application;
-- ``log[(dest, tag)]``: the packets sent that their receiver may still need, by seq;
+- ``log[(dest, tag)]``: copies of the payloads sent that their receiver may still
+  need, by seq (bytes, as sent);
 - ``collectives_done`` and ``results``: how many logged collectives this rank has
   completed, and the result bytes of those others may still need;
 - ``history``: ``(step, delivered, collectives_done)`` of this rank's retained
@@ -23,30 +28,14 @@ import numpy as np
 from ..errors import HpckptError
 from ..model.leaves import Local
 
-HEADER_BYTES = 16  # int64 seq, int64 payload length
 Channel = tuple[int, int]
+
+
+SPARE_BYTES = 64 << 20  # trimmed log buffers kept for reuse, in all
 
 
 class MessageLogError(HpckptError, RuntimeError):
     """The message log or a message's sequence number is not what recovery needs."""
-
-
-def pack(seq: int, payload: np.ndarray) -> np.ndarray:
-    """A packet: the header (seq, length) then the payload bytes (one copy)."""
-    packet = np.empty(HEADER_BYTES + payload.nbytes, dtype=np.uint8)
-    packet[:HEADER_BYTES].view("<i8")[:] = (seq, payload.nbytes)
-    packet[HEADER_BYTES:] = payload.reshape(-1).view(np.uint8)
-    return packet
-
-
-def unpack(packet: np.ndarray, received: int, where: str) -> tuple[int, np.ndarray]:
-    """The seq and payload view of a received packet of ``received`` bytes."""
-    if received < HEADER_BYTES:
-        raise MessageLogError(f"{where}: a message of {received} bytes has no hpckpt header")
-    seq, length = (int(n) for n in packet[:HEADER_BYTES].view("<i8"))
-    if HEADER_BYTES + length != received:
-        raise MessageLogError(f"{where}: header says {length} payload bytes but {received - HEADER_BYTES} arrived")
-    return seq, packet[HEADER_BYTES:received]
 
 
 def _rows(counts: dict[Channel, int]) -> np.ndarray:
@@ -67,10 +56,28 @@ class MessageState:
     collectives_done: int = 0
     results: dict[int, np.ndarray] = field(default_factory=dict)
     history: list[tuple[int, dict[Channel, int], int]] = field(default_factory=list)
+    spare: dict[int, list[np.ndarray]] = field(default_factory=dict, repr=False, compare=False)
+    spare_bytes: int = field(default=0, repr=False, compare=False)
+
+    def keep(self, channel: Channel, seq: int, payload: np.ndarray) -> np.ndarray:
+        """Log a copy of ``payload`` as message ``seq`` of ``channel``; return the copy.
+
+        The copy goes into a trimmed buffer of the same size when there is one, so a
+        steady exchange costs a memcpy per message and no new memory.
+        """
+        spares = self.spare.get(payload.nbytes)
+        if spares:
+            copy = spares.pop()
+            self.spare_bytes -= copy.nbytes
+        else:
+            copy = np.empty(payload.nbytes, dtype=np.uint8)
+        np.copyto(copy, payload)
+        self.log.setdefault(channel, {})[seq] = copy
+        return copy
 
     def log_bytes(self) -> int:
         """Bytes held by the message log and the logged collective results."""
-        messages = sum(packet.nbytes for entries in self.log.values() for packet in entries.values())
+        messages = sum(payload.nbytes for entries in self.log.values() for payload in entries.values())
         return messages + sum(result.nbytes for result in self.results.values())
 
     def log_entries(self) -> int:
@@ -78,11 +85,14 @@ class MessageState:
         return sum(len(entries) for entries in self.log.values())
 
     def trim_channel(self, channel: Channel, delivered: int) -> None:
-        """Drop the packets on ``channel`` with seq <= ``delivered`` (its receiver has them)."""
+        """Drop the payloads on ``channel`` with seq <= ``delivered`` (its receiver has them)."""
         entries = self.log.get(channel)
         if entries:
             for seq in [seq for seq in entries if seq <= delivered]:
-                del entries[seq]
+                payload = entries.pop(seq)
+                if self.spare_bytes + payload.nbytes <= SPARE_BYTES:
+                    self.spare.setdefault(payload.nbytes, []).append(payload)
+                    self.spare_bytes += payload.nbytes
 
     def trim_results(self, below: int) -> None:
         """Drop logged collective results of index < ``below`` (no rank can need them)."""
@@ -91,14 +101,14 @@ class MessageState:
 
     def to_tree(self) -> dict[str, Any]:
         """The state as a tree of Local leaves, to save with the application's state."""
-        entries = [(dest, tag, seq, packet) for (dest, tag), log in sorted(self.log.items()) for seq, packet in log.items()]
+        entries = [(dest, tag, seq, data) for (dest, tag), log in sorted(self.log.items()) for seq, data in log.items()]
         results = sorted(self.results.items())
         history = [(step, _rows(delivered), done) for step, delivered, done in self.history]
         return {
             "sent": Local(_rows(self.sent), resizable=True),
             "delivered": Local(_rows(self.delivered), resizable=True),
             "log_index": Local(np.array([e[:3] + (e[3].size,) for e in entries], dtype=np.int64).reshape(-1, 4), resizable=True),
-            "log_packets": Local(_concat([e[3] for e in entries]), resizable=True),
+            "log_payloads": Local(_concat([e[3] for e in entries]), resizable=True),
             "result_index": Local(np.array([(i, r.size) for i, r in results], dtype=np.int64).reshape(-1, 2), resizable=True),
             "result_bytes": Local(_concat([r for _, r in results]), resizable=True),
             "history_steps": Local(np.array([(s, d) for s, _, d in history], dtype=np.int64).reshape(-1, 2), resizable=True),
@@ -117,9 +127,9 @@ class MessageState:
             delivered=_counts(tree["delivered"].array),
             collectives_done=int(tree["collectives_done"]),
         )
-        packets, at = tree["log_packets"].array, 0
+        payloads, at = tree["log_payloads"].array, 0
         for dest, tag, seq, size in tree["log_index"].array:
-            state.log.setdefault((int(dest), int(tag)), {})[int(seq)] = packets[at : at + size].copy()
+            state.log.setdefault((int(dest), int(tag)), {})[int(seq)] = payloads[at : at + size].copy()
             at += size
         raw, at = tree["result_bytes"].array, 0
         for index, size in tree["result_index"].array:

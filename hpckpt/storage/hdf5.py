@@ -72,7 +72,10 @@ class HDF5Backend:
         are written independently.
         """
         h5py = self._h5py
-        with h5py.File(directory / FILE_NAME, "w", driver="mpio", comm=comm) as h5:
+        # One process (a rank's own checkpoint, or hpckpt convert) writes through the
+        # default POSIX driver: MPI-IO on COMM_SELF only adds cost.
+        parallel = {"driver": "mpio", "comm": comm} if comm.size > 1 else {}
+        with h5py.File(directory / FILE_NAME, "w", **parallel) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
             datasets = {record.path: self._create(h5, record) for record in records}
             for data in blocks:
@@ -84,7 +87,7 @@ class HDF5Backend:
                 if record.kind == "local":
                     _write_box(datasets[record.path][block.rank], (0,) * data.array.ndim, data.array, collective=False)
                 else:
-                    collective = record.kind == "distributed"
+                    collective = record.kind == "distributed" and comm.size > 1
                     _write_box(datasets[record.path], block.offset, data.array, collective=collective)
             h5.flush()  # MPI_File_sync on every rank: data durable before the commit
         return [FILE_NAME]

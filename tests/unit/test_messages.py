@@ -1,27 +1,14 @@
-"""Packets, the message state's save format and trimming, and determinant files."""
+"""The message state's save format and trimming, and determinant files."""
 
 import numpy as np
-import pytest
-
 from hpckpt.messages.determinants import DeterminantFile
-from hpckpt.messages.state import MessageLogError, MessageState, pack, unpack
-
-
-def test_packets_carry_seq_and_exact_payload():
-    payload = np.arange(6, dtype=np.float32)
-    packet = pack(42, payload)
-    seq, body = unpack(packet, packet.nbytes, "test")
-    assert seq == 42 and body.tobytes() == payload.tobytes()
-    with pytest.raises(MessageLogError, match="where: header says 24 payload bytes but 20 arrived"):
-        unpack(packet, packet.nbytes - 4, "where")
-    with pytest.raises(MessageLogError, match="a message of 8 bytes has no hpckpt header"):
-        unpack(packet, 8, "where")
+from hpckpt.messages.state import MessageState
 
 
 def filled_state() -> MessageState:
     state = MessageState(sent={(1, 7): 3, (2, 0): 1}, delivered={(3, 7): 2}, collectives_done=5)
-    state.log[(1, 7)] = {seq: pack(seq, np.full(seq, seq, dtype=np.uint8)) for seq in (2, 3)}
-    state.log[(2, 0)] = {1: pack(1, np.zeros(0, dtype=np.uint8))}
+    state.log[(1, 7)] = {seq: np.full(seq, seq, dtype=np.uint8) for seq in (2, 3)}
+    state.log[(2, 0)] = {1: np.zeros(0, dtype=np.uint8)}
     state.results = {3: np.arange(4, dtype=np.uint8), 4: np.zeros(0, dtype=np.uint8)}
     state.history = [(10, {(3, 7): 1}, 2), (20, {(3, 7): 2, (1, 0): 4}, 4)]
     return state
@@ -48,7 +35,7 @@ def test_trimming_drops_only_what_receivers_hold():
     state.trim_channel((9, 9), 5)  # a channel with no log is fine
     state.trim_results(4)
     assert list(state.results) == [4]
-    assert state.log_bytes() == before - (16 + 2) - 4 and state.log_entries() == 2
+    assert state.log_bytes() == before - 2 - 4 and state.log_entries() == 2
 
 
 def test_determinants_survive_and_a_torn_entry_is_dropped(tmp_path):
