@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from ._comm import run_phase
+from .errors import CollectiveError
 from .protocols import PROTOCOLS
+from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
 from .protocols.uncoordinated import UncoordinatedRank
 from .recovery.restart import list_committed_steps, restore_newest
@@ -16,6 +20,22 @@ from .storage.commit import RunDirectory
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+
+class SaveHandle:
+    """A non-blocking save in progress (returned by ``Checkpointer.save(..., blocking=False)``)."""
+
+    def __init__(self, checkpointer: Checkpointer, index: int, step: int) -> None:
+        self._checkpointer, self._index, self.step = checkpointer, index, step
+
+    def done(self) -> bool:
+        """True once this rank's part of the save has finished. Not collective."""
+        background = self._checkpointer._background
+        return background is None or background.finished > self._index
+
+    def wait(self) -> None:
+        """Wait for this save (and earlier ones) everywhere; raise if one failed. Collective."""
+        self._checkpointer._settle(until=self._index + 1)
 
 
 class Checkpointer:
@@ -54,6 +74,9 @@ class Checkpointer:
     durable_determinants
         Uncoordinated only: fsync each recorded wildcard-receive outcome, so they
         survive a node failure and not only a process failure (slower).
+    max_in_flight
+        Most asynchronous saves (``blocking=False``) queued or running at once; each
+        holds one copy of the state in host memory.
 
     Examples
     --------
@@ -76,11 +99,14 @@ class Checkpointer:
         protocol: str = "coordinated",
         keep: int = 3,
         durable_determinants: bool = False,
+        max_in_flight: int = 1,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
         if comm is None:
             from mpi4py import MPI
 
@@ -95,6 +121,10 @@ class Checkpointer:
             self._rank = UncoordinatedRank(
                 comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
             )
+        self.max_in_flight = max_in_flight
+        self._background: BackgroundSaver | None = None
+        self._reported = 0
+        self.snapshot_seconds = 0.0  # how long the last non-blocking save blocked the caller
         self.last_save: SaveReport | None = None
         self.save_seconds = 0.0
         self.saves = 0
@@ -109,27 +139,102 @@ class Checkpointer:
         """
         return self._rank.comm if self._rank is not None else self._comm
 
-    def save(self, step: int, state: Any) -> None:
+    def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveHandle | None:
         """Save ``state`` as checkpoint ``step`` and commit it.
 
         Coordinated: collective over ``comm``, all ranks with the same ``step`` and
         trees of the same structure (each rank passes its own arrays). Uncoordinated:
         this rank alone, at any step, with no request of :attr:`comm` open.
 
+        Parameters
+        ----------
+        step
+            The step number (a later save of the same number replaces it).
+        state
+            The tree to save.
+        blocking
+            False (coordinated only): return once the arrays are copied into host
+            buffers; the write and commit run in a background thread. The returned
+            handle's ``wait()``, :meth:`wait` and :meth:`close` finish it; an error
+            there is raised on every rank at the next call of this Checkpointer.
+
+        Returns
+        -------
+        SaveHandle or None
+            A handle for a non-blocking save, else None.
+
         Raises
         ------
         CollectiveError
-            On every rank, when any rank failed; the previous committed step is kept.
+            On every rank, when any rank failed (this save, or an earlier non-blocking
+            one); the previous committed step is kept.
         InvalidStateError
             On every rank, when the tree or the ranks' boxes are malformed.
         """
+        step = int(step)
+        if not blocking:
+            return self._save_in_background(step, state)
+        self._settle(wait=True)
         if self._rank is not None:
-            report = self._rank.save(int(step), state)
+            report = self._rank.save(step, state)
         else:
-            report = save_coordinated(self._comm, self.run_dir, self.backend, int(step), state, keep=self.keep)
+            report = save_coordinated(self._comm, self.run_dir, self.backend, step, state, keep=self.keep)
+        self._record(report)
+        return None
+
+    def _record(self, report: SaveReport) -> None:
         self.last_save = report
         self.saves += 1
         self.save_seconds += sum(report.seconds.values())
+
+    def _save_in_background(self, step: int, state: Any) -> SaveHandle:
+        if self._rank is not None:
+            raise ValueError("blocking=False is available with the coordinated protocol only")
+        self._settle()
+        if self._background is None:
+            keep, run_dir, backend = self.keep, self.run_dir, self.backend
+            self._background = BackgroundSaver(
+                self._comm,
+                lambda comm, number, frozen: save_coordinated(comm, run_dir, backend, number, frozen, keep=keep),
+                self.max_in_flight,
+            )
+        background = self._background
+        staged: list[tuple[Any, dict]] = []
+        started = time.perf_counter()
+        try:
+            run_phase(self._comm, f"save step {step}: snapshot", lambda: staged.append(background.stage(state)))
+        except CollectiveError:
+            for _, buffers in staged:
+                background.release(buffers)
+            raise
+        index = background.enqueue(step, *staged[0])
+        self.snapshot_seconds = time.perf_counter() - started
+        return SaveHandle(self, index, step)
+
+    def _settle(self, *, wait: bool = False, until: int | None = None) -> None:
+        """Report the background saves finished on every rank; raise the first failure.
+
+        Collective over ``comm`` once a non-blocking save has been made. ``wait``
+        waits for every queued save, ``until`` for the first ``until`` ones.
+        """
+        background = self._background
+        if background is None:
+            return
+        if wait or until is not None:
+            background.wait_until(background.submitted if wait else until)
+        from mpi4py import MPI
+
+        everywhere = self._comm.allreduce(background.finished, op=MPI.MIN)
+        while self._reported < everywhere:
+            result = background.result(self._reported)
+            self._reported += 1
+            if isinstance(result, BaseException):
+                raise result
+            self._record(result)
+
+    def wait(self) -> None:
+        """Finish every non-blocking save; raise the first error among them. Collective."""
+        self._settle(wait=True)
 
     def restore(self, state: Any, *, local_from: Callable[[int], int] | None = None) -> int | None:
         """Fill ``state`` from the newest committed step that verifies.
@@ -169,6 +274,7 @@ class Checkpointer:
         CollectiveError
             Uncoordinated: on every rank, when any rank could not restore its own.
         """
+        self._settle(wait=True)
         if self._rank is not None:
             if local_from is not None:
                 raise ValueError("local_from applies to the coordinated protocol only")
@@ -177,6 +283,7 @@ class Checkpointer:
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first. Collective over ``comm`` (uncoordinated: this rank's)."""
+        self._settle()
         if self._rank is not None:
             return self._rank.steps()
         return list_committed_steps(self._comm, self.run_dir)
@@ -189,15 +296,28 @@ class Checkpointer:
     def close(self, *, drain: bool = True) -> None:
         """Release the duplicated communicators. Collective over ``comm``.
 
-        Uncoordinated: first receives the notices and finishes the replays still in
-        flight (collective); ``drain=False`` skips that, as when leaving on an error.
+        Non-blocking saves still running are finished first (an error among them is
+        raised after the release). Uncoordinated: first receives the notices and finishes
+        the replays still in flight. ``drain=False`` skips all that collective work, as
+        when leaving on an error.
         """
+        failure: BaseException | None = None
+        if self._background is not None:
+            if drain:
+                try:
+                    self._settle(wait=True)
+                except BaseException as exc:  # noqa: BLE001 - raised once the resources are released
+                    failure = exc
+                self._background.stop()
+            self._background = None
         if self._rank is not None:
             self._rank.close(drain=drain)
             self._rank = None
         if self._comm is not None:
             self._comm.Free()
             self._comm = None
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -1,0 +1,160 @@
+"""Asynchronous saves: snapshot into reused host buffers, write and commit in a worker thread.
+
+``save(step, state, blocking=False)`` copies every array of ``state`` into a set of host
+buffers (reused from save to save while shapes and dtypes stay the same) and queues the
+copy. One worker thread per :class:`BackgroundSaver` runs the queued saves in order,
+over a communicator of its own, so the application's MPI traffic and hpckpt's
+collective I/O never wait on each other. At most ``max_in_flight`` saves are queued or
+running; a further save waits for a buffer set, so the extra memory is at most
+``max_in_flight`` copies of the state.
+
+Errors: every phase of a save agrees across ranks, so a failed background save fails
+with the same error on every rank's worker. The :class:`~hpckpt.Checkpointer` raises
+it at its next call, once every rank's worker has finished that save (an all-reduce of
+the finished counts), so all ranks raise it at the same call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..buffers.host import as_host_array
+from ..model.leaves import Distributed, Local, Replicated
+from .coordinated import SaveReport
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+SaveFunction = Callable[["MPI.Comm", int, Any], SaveReport]
+
+
+def snapshot(state: Any, buffers: dict[str, np.ndarray], prefix: str = "") -> Any:
+    """A copy of ``state`` whose arrays are copied into ``buffers`` (by leaf path).
+
+    A buffer is reused when the array's shape and dtype are unchanged. Plain values and
+    containers are copied; anything else is kept as is, for the save to report.
+    """
+    if isinstance(state, dict):
+        return {key: snapshot(value, buffers, f"{prefix}/{key}") for key, value in state.items()}
+    if isinstance(state, list):
+        return [snapshot(value, buffers, f"{prefix}/{index}") for index, value in enumerate(state)]
+    if isinstance(state, Distributed):
+        return Distributed(_stage(state.array, prefix, buffers), global_shape=state.global_shape, offset=state.offset)
+    if isinstance(state, Local):
+        return Local(_stage(state.array, prefix, buffers), resizable=state.resizable)
+    if isinstance(state, Replicated):
+        return Replicated(_stage(state.array, prefix, buffers))
+    return state
+
+
+def _stage(array: Any, path: str, buffers: dict[str, np.ndarray]) -> np.ndarray:
+    host = as_host_array(array, path.lstrip("/"))
+    buffer = buffers.get(path)
+    if buffer is None or buffer.shape != host.shape or buffer.dtype != host.dtype:
+        buffer = np.empty_like(host)
+        buffers[path] = buffer
+    np.copyto(buffer, host)
+    return buffer
+
+
+class BackgroundSaver:
+    """A worker thread that runs queued saves in order over its own communicator.
+
+    Created collectively (it duplicates ``comm``); requires MPI initialised with
+    ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default.
+    """
+
+    def __init__(self, comm: MPI.Comm, save: SaveFunction, max_in_flight: int) -> None:
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RuntimeError(
+                "blocking=False needs MPI initialised with MPI_THREAD_MULTIPLE (mpi4py's default); "
+                "this process has a lower thread level: do not set mpi4py.rc.thread_level lower"
+            )
+        self.comm = comm.Dup()
+        self._save = save
+        self._buffer_sets: queue.Queue[dict[str, np.ndarray]] = queue.Queue()
+        for _ in range(max_in_flight):
+            self._buffer_sets.put({})
+        self._jobs: queue.Queue[tuple[int, int, Any, dict[str, np.ndarray]] | None] = queue.Queue()
+        self._results: list[SaveReport | BaseException | None] = []
+        self._finished = 0
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._work, name="hpckpt-background-save", daemon=True)
+        self._thread.start()
+
+    @property
+    def submitted(self) -> int:
+        """Saves queued so far."""
+        return len(self._results)
+
+    @property
+    def finished(self) -> int:
+        """Saves this rank's worker has finished (in order)."""
+        with self._changed:
+            return self._finished
+
+    def buffer_bytes(self) -> int:
+        """Host memory held by the snapshot buffers not in use right now (a lower bound)."""
+        return sum(sum(b.nbytes for b in buffers.values()) for buffers in list(self._buffer_sets.queue))
+
+    def stage(self, state: Any) -> tuple[Any, dict[str, np.ndarray]]:
+        """Copy ``state`` into a free buffer set. Not collective.
+
+        Blocks while ``max_in_flight`` saves are queued or running. Pass the result to
+        :meth:`enqueue`, or to :meth:`release` if the save is called off.
+        """
+        buffers = self._buffer_sets.get()
+        try:
+            return snapshot(state, buffers), buffers
+        except BaseException:
+            self._buffer_sets.put(buffers)
+            raise
+
+    def release(self, buffers: dict[str, np.ndarray]) -> None:
+        """Give back a buffer set whose save was called off."""
+        self._buffer_sets.put(buffers)
+
+    def enqueue(self, step: int, frozen: Any, buffers: dict[str, np.ndarray]) -> int:
+        """Queue the save of a staged state; return its index. Not collective, cannot fail."""
+        index = len(self._results)
+        self._results.append(None)
+        self._jobs.put((index, step, frozen, buffers))
+        return index
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            index, step, frozen, buffers = job
+            try:
+                result: SaveReport | BaseException = self._save(self.comm, step, frozen)
+            except BaseException as exc:  # noqa: BLE001 - handed to the application thread
+                result = exc
+            with self._changed:
+                self._results[index] = result
+                self._finished = index + 1
+                self._changed.notify_all()
+            self._buffer_sets.put(buffers)
+
+    def wait_until(self, count: int) -> None:
+        """Block until this rank's worker has finished the first ``count`` saves."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._finished >= count)
+
+    def result(self, index: int) -> SaveReport | BaseException | None:
+        """What save ``index`` ended with (None while it runs)."""
+        return self._results[index]
+
+    def stop(self) -> None:
+        """Finish the queued saves, end the thread, free the communicator. Collective."""
+        self._jobs.put(None)
+        self._thread.join()
+        self.comm.Free()
