@@ -15,6 +15,7 @@ from .errors import (
     StateMismatchError,
 )
 from .model.leaves import Distributed, Local, Replicated
+from .schedule import Schedule
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "InvalidStateError",
     "Local",
     "Replicated",
+    "Schedule",
     "StateMismatchError",
     "__version__",
 ]

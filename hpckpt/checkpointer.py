@@ -14,6 +14,7 @@ from .protocols import PROTOCOLS
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
 from .protocols.uncoordinated import UncoordinatedRank
+from .schedule import Schedule
 from .recovery.restart import list_committed_steps, restore_newest
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
@@ -77,6 +78,12 @@ class Checkpointer:
     max_in_flight
         Most asynchronous saves (``blocking=False``) queued or running at once; each
         holds one copy of the state in host memory.
+    keep_best, best
+        Also keep the ``keep_best`` steps with the best ``metric`` given to
+        :meth:`save` (lowest with ``best="min"``, highest with ``"max"``).
+    schedule
+        When :meth:`due` says to checkpoint (:class:`~hpckpt.schedule.Schedule`:
+        every N steps, every T seconds, or Daly's interval from the measured cost).
 
     Examples
     --------
@@ -100,11 +107,18 @@ class Checkpointer:
         keep: int = 3,
         durable_determinants: bool = False,
         max_in_flight: int = 1,
+        keep_best: int = 0,
+        best: str = "min",
+        schedule: Schedule | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
+        if best not in ("min", "max"):
+            raise ValueError(f"best must be 'min' or 'max', got {best!r}")
+        if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 0:
+            raise ValueError(f"keep_best must be an integer >= 0, got {keep_best!r}")
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
         if comm is None:
@@ -122,6 +136,7 @@ class Checkpointer:
                 comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
             )
         self.max_in_flight = max_in_flight
+        self.keep_best, self.best, self.schedule = keep_best, best, schedule
         self._background: BackgroundSaver | None = None
         self._reported = 0
         self.snapshot_seconds = 0.0  # how long the last non-blocking save blocked the caller
@@ -139,7 +154,7 @@ class Checkpointer:
         """
         return self._rank.comm if self._rank is not None else self._comm
 
-    def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveHandle | None:
+    def save(self, step: int, state: Any, *, blocking: bool = True, metric: float | None = None) -> SaveHandle | None:
         """Save ``state`` as checkpoint ``step`` and commit it.
 
         Coordinated: collective over ``comm``, all ranks with the same ``step`` and
@@ -157,6 +172,9 @@ class Checkpointer:
             buffers; the write and commit run in a background thread. The returned
             handle's ``wait()``, :meth:`wait` and :meth:`close` finish it; an error
             there is raised on every rank at the next call of this Checkpointer.
+        metric
+            A number recorded with the step (the same on every rank), for
+            ``keep_best`` retention and for tools.
 
         Returns
         -------
@@ -173,31 +191,46 @@ class Checkpointer:
         """
         step = int(step)
         if not blocking:
-            return self._save_in_background(step, state)
+            return self._save_in_background(step, state, metric)
         self._settle(wait=True)
+        started = time.perf_counter()
         if self._rank is not None:
             report = self._rank.save(step, state)
         else:
-            report = save_coordinated(self._comm, self.run_dir, self.backend, step, state, keep=self.keep)
+            report = self._commit_step(self._comm, step, state, metric)
+        if self.schedule is not None:
+            self.schedule.saved(time.perf_counter() - started)
         self._record(report)
         return None
+
+    def _commit_step(self, comm: MPI.Comm, step: int, state: Any, metric: float | None) -> SaveReport:
+        return save_coordinated(
+            comm, self.run_dir, self.backend, step, state,
+            keep=self.keep, keep_best=self.keep_best, best=self.best, metric=metric,
+        )  # fmt: skip
+
+    def due(self, step: int) -> bool:
+        """Whether the schedule says to checkpoint at ``step``.
+
+        Collective over ``comm`` for time-based schedules (one small all-reduce), so
+        every rank gets the same answer; call it on every rank at every step.
+        """
+        if self.schedule is None:
+            raise ValueError("due() needs a schedule: Checkpointer(..., schedule=hpckpt.Schedule(...))")
+        self._settle()
+        return self.schedule.due(step, self._comm)
 
     def _record(self, report: SaveReport) -> None:
         self.last_save = report
         self.saves += 1
         self.save_seconds += sum(report.seconds.values())
 
-    def _save_in_background(self, step: int, state: Any) -> SaveHandle:
+    def _save_in_background(self, step: int, state: Any, metric: float | None) -> SaveHandle:
         if self._rank is not None:
             raise ValueError("blocking=False is available with the coordinated protocol only")
         self._settle()
         if self._background is None:
-            keep, run_dir, backend = self.keep, self.run_dir, self.backend
-            self._background = BackgroundSaver(
-                self._comm,
-                lambda comm, number, frozen: save_coordinated(comm, run_dir, backend, number, frozen, keep=keep),
-                self.max_in_flight,
-            )
+            self._background = BackgroundSaver(self._comm, self.max_in_flight)
         background = self._background
         staged: list[tuple[Any, dict]] = []
         started = time.perf_counter()
@@ -207,8 +240,11 @@ class Checkpointer:
             for _, buffers in staged:
                 background.release(buffers)
             raise
-        index = background.enqueue(step, *staged[0])
+        frozen, buffers = staged[0]
+        index = background.enqueue(lambda comm: self._commit_step(comm, step, frozen, metric), buffers)
         self.snapshot_seconds = time.perf_counter() - started
+        if self.schedule is not None:
+            self.schedule.saved(self.snapshot_seconds)
         return SaveHandle(self, index, step)
 
     def _settle(self, *, wait: bool = False, until: int | None = None) -> None:

@@ -37,6 +37,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     parser.add_argument("--out", help="rank 0 writes the final global field here (.npy)")
     parser.add_argument(
+        "--async", dest="background", action="store_true", help="save without blocking (write and commit in a thread)"
+    )
+    parser.add_argument(
         "--stop-at-iter", type=int, help="save a checkpoint at this iteration and exit (to resume, maybe on other ranks)"
     )
     parser.add_argument("--crash-at-iter", type=int, help="rank --crash-rank SIGKILLs itself at this iteration")
@@ -123,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stopping = done == args.stop_at_iter
             if (args.every and (done + phase) % args.every == 0 and done < args.iters) or stopping:
                 state["iteration"] = done
-                checkpointer.save(done, state)
+                checkpointer.save(done, state, blocking=not args.background)
             if stopping:
                 if comm.rank == 0:
                     print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done})")

@@ -72,7 +72,8 @@ class Manifest:
     """Description of one committed step; written last, by rank 0.
 
     ``files`` maps each file of the step (relative to its directory) to its size in
-    bytes when committed, or None for a directory.
+    bytes when committed, or None for a directory. ``metric`` is the value given to
+    ``save(..., metric=...)`` (for example a validation loss), used by retention.
     """
 
     step: int
@@ -85,6 +86,7 @@ class Manifest:
     created: float
     committed: float
     files: dict[str, int | None] = field(default_factory=dict)
+    metric: float | None = None
 
     def to_json(self) -> str:
         """Serialise to JSON text (sorted keys, one manifest per file)."""
@@ -120,6 +122,7 @@ class Manifest:
                 created=float(body["created"]),
                 committed=float(body["committed"]),
                 files={str(name): None if size is None else int(size) for name, size in body["files"].items()},
+                metric=None if body.get("metric") is None else float(body["metric"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc

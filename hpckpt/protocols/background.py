@@ -30,7 +30,7 @@ from .coordinated import SaveReport
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-SaveFunction = Callable[["MPI.Comm", int, Any], SaveReport]
+SaveJob = Callable[["MPI.Comm"], SaveReport]
 
 
 def snapshot(state: Any, buffers: dict[str, np.ndarray], prefix: str = "") -> Any:
@@ -69,7 +69,7 @@ class BackgroundSaver:
     ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default.
     """
 
-    def __init__(self, comm: MPI.Comm, save: SaveFunction, max_in_flight: int) -> None:
+    def __init__(self, comm: MPI.Comm, max_in_flight: int) -> None:
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -78,11 +78,10 @@ class BackgroundSaver:
                 "this process has a lower thread level: do not set mpi4py.rc.thread_level lower"
             )
         self.comm = comm.Dup()
-        self._save = save
         self._buffer_sets: queue.Queue[dict[str, np.ndarray]] = queue.Queue()
         for _ in range(max_in_flight):
             self._buffer_sets.put({})
-        self._jobs: queue.Queue[tuple[int, int, Any, dict[str, np.ndarray]] | None] = queue.Queue()
+        self._jobs: queue.Queue[tuple[int, SaveJob, dict[str, np.ndarray]] | None] = queue.Queue()
         self._results: list[SaveReport | BaseException | None] = []
         self._finished = 0
         self._changed = threading.Condition()
@@ -121,11 +120,14 @@ class BackgroundSaver:
         """Give back a buffer set whose save was called off."""
         self._buffer_sets.put(buffers)
 
-    def enqueue(self, step: int, frozen: Any, buffers: dict[str, np.ndarray]) -> int:
-        """Queue the save of a staged state; return its index. Not collective, cannot fail."""
+    def enqueue(self, job: SaveJob, buffers: dict[str, np.ndarray]) -> int:
+        """Queue ``job(comm)``, the save of a staged state; return its index. Cannot fail.
+
+        ``buffers`` (the staged state's) are reused once the job has run.
+        """
         index = len(self._results)
         self._results.append(None)
-        self._jobs.put((index, step, frozen, buffers))
+        self._jobs.put((index, job, buffers))
         return index
 
     def _work(self) -> None:
@@ -133,9 +135,9 @@ class BackgroundSaver:
             job = self._jobs.get()
             if job is None:
                 return
-            index, step, frozen, buffers = job
+            index, save, buffers = job
             try:
-                result: SaveReport | BaseException = self._save(self.comm, step, frozen)
+                result: SaveReport | BaseException = save(self.comm)
             except BaseException as exc:  # noqa: BLE001 - handed to the application thread
                 result = exc
             with self._changed:

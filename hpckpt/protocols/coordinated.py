@@ -97,12 +97,17 @@ def save_coordinated(
     state: Any,
     *,
     keep: int,
+    keep_best: int = 0,
+    best: str = "min",
+    metric: float | None = None,
     protocol: str = "coordinated",
     complete: bool = True,
 ) -> SaveReport:
     """Save ``state`` as step ``step`` and commit it (see the module docstring).
 
-    Collective over ``comm``: all ranks must call with the same ``step``. The
+    Collective over ``comm``: all ranks must call with the same ``step`` (and
+    ``metric``, which rank 0 records). Retention keeps the newest ``keep`` steps and the
+    ``keep_best`` with the best metric (``best`` is ``"min"`` or ``"max"``). The
     uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
     the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
     """
@@ -155,6 +160,7 @@ def save_coordinated(
         created=created,
         committed=time.time(),
         files=dict.fromkeys(files),
+        metric=None if metric is None else float(metric),
     )
 
     def commit() -> None:
@@ -166,7 +172,7 @@ def save_coordinated(
 
     def retain() -> list[int]:
         faults.point("save.retain")
-        return run_dir.retain(keep) if rank == 0 else []
+        return run_dir.retain(keep, keep_best, best) if rank == 0 else []
 
     deleted = timed("retain", retain, gather_phase)[0]
     local_bytes = sum(array.nbytes for array in staged.values())

@@ -15,6 +15,7 @@ moment leaves either the old set of committed steps or the new one.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -109,14 +110,19 @@ class RunDirectory:
             shutil.rmtree(replaced)
         return final
 
-    def retain(self, keep: int) -> list[int]:
-        """Delete all but the newest ``keep`` committed steps, and leftovers of crashes.
+    def retain(self, keep: int, keep_best: int = 0, best: str = "min") -> list[int]:
+        """Delete committed steps but the newest ``keep`` and the ``keep_best`` best, and leftovers.
 
-        Each step is first renamed to ``*.deleting`` so a crash mid-delete never
-        leaves a half-deleted step that looks committed. Returns the deleted steps.
+        "Best" is by the ``metric`` recorded in each manifest: lowest with ``best="min"``,
+        highest with ``"max"``; steps without a metric never count as best. Each step is
+        first renamed to ``*.deleting`` so a crash mid-delete never leaves a half-deleted
+        step that looks committed. Returns the deleted steps.
         """
         steps = self.committed_steps()
-        doomed = steps[:-keep] if keep > 0 else steps
+        kept = set(steps[-keep:]) if keep > 0 else set()
+        if keep_best > 0:
+            kept |= set(self._best_steps(steps, keep_best, best))
+        doomed = [step for step in steps if step not in kept]
         for step in doomed:
             path = self.step_path(step)
             deleting = path.with_name(path.name + ".deleting")
@@ -140,6 +146,18 @@ class RunDirectory:
             if size is not None and status.st_size != size:
                 problems.append(f"{path} has {status.st_size} bytes, but {size} were committed")
         return problems
+
+    def _best_steps(self, steps: list[int], count: int, best: str) -> list[int]:
+        metrics = {}
+        for step in steps:
+            try:
+                metric = json.loads(self.read_manifest(step)).get("metric")
+            except (OSError, ValueError):
+                continue
+            if isinstance(metric, (int, float)) and not isinstance(metric, bool):
+                metrics[step] = float(metric)
+        ranked = sorted(metrics, key=lambda step: (metrics[step] if best == "min" else -metrics[step], -step))
+        return ranked[:count]
 
     def read_manifest(self, step: int) -> str:
         """The text of committed step ``step``'s manifest."""
