@@ -122,3 +122,19 @@ def test_resuming_on_fewer_ranks_matches_the_reference(tmp_path, reference_98, b
     assert result.returncode == 0, result.stderr
     assert result.resumed_from == "90"
     assert result.checksum == reference_98
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sigkill_with_non_blocking_saves_resumes_bit_for_bit(seed, tmp_path, reference_checksum):
+    """Kills while the background thread writes or commits a step."""
+    rng = random.Random(500 + seed)
+    run_dir = tmp_path / "ckpt"
+    command = heat_command(RANKS, run_dir, "--async", "--backend", BACKENDS[seed % 3])
+    if seed % 2 == 0:
+        fault = f"{rng.choice(SAVE_POINTS[1:])}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
+        result = run(relaunched(command), env={"HPCKPT_FAULT": fault})
+    else:
+        result, _ = run_with_external_kill(relaunched(command), rng)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.checksum == reference_checksum
+    assert "is corrupt" not in result.stderr
