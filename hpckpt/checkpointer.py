@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._comm import run_phase
-from .errors import CollectiveError
+from .errors import CheckpointFallbackWarning, CollectiveError
+from .levels.store import NodeLocalStore, default_local_root
 from .protocols import PROTOCOLS
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
@@ -81,6 +84,14 @@ class Checkpointer:
     keep_best, best
         Also keep the ``keep_best`` steps with the best ``metric`` given to
         :meth:`save` (lowest with ``best="min"``, highest with ``"max"``).
+    local_dir, redundancy, group_size, flush_every
+        Multi-level (coordinated only): every save goes to node-local storage under
+        ``local_dir`` (``"default"``: ``/dev/shm/hpckpt-<hash of directory>``) with
+        ``redundancy`` ``"none"``, ``"partner"`` (a copy on the next node) or ``"xor"``
+        (parity over groups of ``group_size`` ranks on distinct nodes); every
+        ``flush_every``-th save is also written to ``directory`` with ``backend``, in the
+        background (0: never). Restore takes the newest step it can restore completely,
+        from the node-local level (rebuilding lost copies) or the file system.
     schedule
         When :meth:`due` says to checkpoint (:class:`~hpckpt.schedule.Schedule`:
         every N steps, every T seconds, or Daly's interval from the measured cost).
@@ -110,6 +121,10 @@ class Checkpointer:
         keep_best: int = 0,
         best: str = "min",
         schedule: Schedule | None = None,
+        local_dir: str | os.PathLike[str] | None = None,
+        redundancy: str | None = None,
+        group_size: int = 4,
+        flush_every: int = 1,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
@@ -137,6 +152,15 @@ class Checkpointer:
             )
         self.max_in_flight = max_in_flight
         self.keep_best, self.best, self.schedule = keep_best, best, schedule
+        self._local: NodeLocalStore | None = None
+        self.flush_every = flush_every
+        self.restored_level: str | None = None
+        self._local_saves = 0
+        if local_dir is not None or redundancy is not None:
+            if protocol != "coordinated":
+                raise ValueError("local_dir and redundancy work with the coordinated protocol only")
+            root = default_local_root(self.run_dir.root) if local_dir in (None, "default") else Path(local_dir)
+            self._local = NodeLocalStore(self._comm, root, redundancy or "none", group_size, keep)
         self._background: BackgroundSaver | None = None
         self._reported = 0
         self.snapshot_seconds = 0.0  # how long the last non-blocking save blocked the caller
@@ -190,10 +214,12 @@ class Checkpointer:
             On every rank, when the tree or the ranks' boxes are malformed.
         """
         step = int(step)
-        if not blocking:
+        if not blocking and self._local is None:
             return self._save_in_background(step, state, metric)
         self._settle(wait=True)
         started = time.perf_counter()
+        if self._local is not None:
+            return self._save_multilevel(step, state, metric, started)
         if self._rank is not None:
             report = self._rank.save(step, state)
         else:
@@ -201,6 +227,16 @@ class Checkpointer:
         if self.schedule is not None:
             self.schedule.saved(time.perf_counter() - started)
         self._record(report)
+        return None
+
+    def _save_multilevel(self, step: int, state: Any, metric: float | None, started: float) -> SaveHandle | None:
+        report = self._local.save(step, state, metric)
+        self._local_saves += 1
+        if self.schedule is not None:
+            self.schedule.saved(time.perf_counter() - started)
+        self._record(report)
+        if self.flush_every and self._local_saves % self.flush_every == 0:
+            return self._save_in_background(step, state, metric)
         return None
 
     def _commit_step(self, comm: MPI.Comm, step: int, state: Any, metric: float | None) -> SaveReport:
@@ -311,11 +347,33 @@ class Checkpointer:
             Uncoordinated: on every rank, when any rank could not restore its own.
         """
         self._settle(wait=True)
+        if self._local is not None:
+            return self._restore_multilevel(state)
         if self._rank is not None:
             if local_from is not None:
                 raise ValueError("local_from applies to the coordinated protocol only")
             return self._rank.restore(self._comm, state)
         return restore_newest(self._comm, self.run_dir, self.backend, state, local_from=local_from)
+
+    def _restore_multilevel(self, state: Any) -> int | None:
+        local = self._local.restorable_step()
+        flushed = list_committed_steps(self._comm, self.run_dir)
+        if local is not None and (not flushed or local >= flushed[-1]):
+            try:
+                self._local.restore(local, state)
+                self._local.discard_after(local)
+                self.restored_level = "node-local"
+                return local
+            except CollectiveError as exc:
+                warnings.warn(
+                    f"node-local step {local} could not be restored ({exc}); using the file system",
+                    CheckpointFallbackWarning,
+                    stacklevel=3,
+                )
+        step = restore_newest(self._comm, self.run_dir, self.backend, state)
+        self.restored_level = None if step is None else "file system"
+        self._local.discard_after(step)  # newer local steps than the restored one are stale
+        return step
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first. Collective over ``comm`` (uncoordinated: this rank's)."""
@@ -349,6 +407,10 @@ class Checkpointer:
         if self._rank is not None:
             self._rank.close(drain=drain)
             self._rank = None
+        if self._local is not None:
+            if drain:
+                self._local.close()
+            self._local = None
         if self._comm is not None:
             self._comm.Free()
             self._comm = None

@@ -36,6 +36,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("hdf5", "adios2", "posix"), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     parser.add_argument("--out", help="rank 0 writes the final global field here (.npy)")
+    parser.add_argument("--local", help="node-local checkpoint directory ('default': under /dev/shm)")
+    parser.add_argument("--redundancy", choices=("none", "partner", "xor"), help="copies of node-local checkpoints")
+    parser.add_argument("--flush-every", type=int, default=1, help="with --local: flush every K-th save to --dir (0: never)")
     parser.add_argument(
         "--async", dest="background", action="store_true", help="save without blocking (write and commit in a thread)"
     )
@@ -109,13 +112,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Uncoordinated: rank r saves at its own iterations, offset by r * every / size, so
     # no two ranks save at the same iteration.
     phase = comm.rank * args.every // comm.size if uncoordinated else 0
+    levels = {}
+    if args.local or args.redundancy:
+        levels = {"local_dir": args.local, "redundancy": args.redundancy, "flush_every": args.flush_every}
     with hpckpt.Checkpointer(
-        args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep
+        args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, **levels
     ) as checkpointer:
         resumed = checkpointer.restore(state)
         start = 0 if resumed is None else int(state["iteration"])
         if comm.rank == 0 and resumed is not None and not uncoordinated:
-            print(f"heat: resumed from step {resumed} (iteration {start})", flush=True)
+            level = f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""
+            print(f"heat: resumed from step {resumed} (iteration {start}){level}", flush=True)
         halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
         for iteration in range(start, args.iters):
             if iteration == args.crash_at_iter and comm.rank == args.crash_rank and first_attempt():

@@ -67,14 +67,21 @@ def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
 
 
 def restore_newest(
-    comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, state: Any, *, local_from: LocalSource | None = None
+    comm: MPI.Comm,
+    run_dir: RunDirectory,
+    backend: Backend,
+    state: Any,
+    *,
+    local_from: LocalSource | None = None,
+    only: list[int] | None = None,
 ) -> int | None:
     """Fill ``state`` from the newest committed step that verifies; return its step.
 
     Collective over ``comm``: all ranks must call with trees of the same structure.
     Returns None when the run directory has no committed step. ``local_from(rank)``
     names the writer rank whose block of each Local leaf ``rank`` takes; without
-    it, Local leaves restore only on as many ranks as wrote them.
+    it, Local leaves restore only on as many ranks as wrote them. ``only`` limits the
+    candidates to those steps (the multi-level store restores an agreed step).
 
     Raises
     ------
@@ -85,6 +92,8 @@ def restore_newest(
         hold partial data).
     """
     steps = list_committed_steps(comm, run_dir)
+    if only is not None:
+        steps = [step for step in steps if step in only]
     if not steps:
         return None
     slots = run_phase(comm, "restore: flatten", lambda: flatten(state))

@@ -1,0 +1,1 @@
+"""Multi-level checkpointing: node-local storage with partner or XOR redundancy."""
