@@ -36,6 +36,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("hdf5", "adios2", "posix"), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     parser.add_argument("--out", help="rank 0 writes the final global field here (.npy)")
+    parser.add_argument(
+        "--mtbf", type=float, help="checkpoint at Daly's interval for this mean time between failures (s), not --every"
+    )
     parser.add_argument("--local", help="node-local checkpoint directory ('default': under /dev/shm)")
     parser.add_argument("--redundancy", choices=("none", "partner", "xor"), help="copies of node-local checkpoints")
     parser.add_argument("--flush-every", type=int, default=1, help="with --local: flush every K-th save to --dir (0: never)")
@@ -115,8 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     levels = {}
     if args.local or args.redundancy:
         levels = {"local_dir": args.local, "redundancy": args.redundancy, "flush_every": args.flush_every}
+    schedule = hpckpt.Schedule(auto=True, mtbf=args.mtbf) if args.mtbf else None
     with hpckpt.Checkpointer(
-        args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, **levels
+        args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, schedule=schedule, **levels
     ) as checkpointer:
         resumed = checkpointer.restore(state)
         start = 0 if resumed is None else int(state["iteration"])
@@ -131,14 +135,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             jacobi_sweep(u, first_row, args.n)
             done = iteration + 1
             stopping = done == args.stop_at_iter
-            if (args.every and (done + phase) % args.every == 0 and done < args.iters) or stopping:
+            if schedule is not None:
+                scheduled = done < args.iters and checkpointer.due(done)
+            else:
+                scheduled = args.every and (done + phase) % args.every == 0 and done < args.iters
+            if scheduled or stopping:
                 state["iteration"] = done
                 checkpointer.save(done, state, blocking=not args.background)
             if stopping:
                 if comm.rank == 0:
                     print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done})")
                 return 0
+        checkpointer.wait()
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
+        if schedule is not None and comm.rank == 0:
+            print(f"heat: Daly interval {schedule.interval_seconds:.3f} s for MTBF {args.mtbf:g} s", flush=True)
         log_peak = halo_comm.log_peak_bytes if uncoordinated else 0
     field = gather_field(comm, u[1:-1], args.n)
     resumed_all = comm.gather("none" if resumed is None else str(resumed), root=0)
