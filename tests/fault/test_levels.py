@@ -43,9 +43,10 @@ def test_a_lost_node_is_rebuilt_from_other_nodes(tmp_path, reference_checksum, r
     assert not list((tmp_path / "pfs").glob("step-*"))  # no file-system flush was taken
 
 
-def test_losing_both_nodes_of_a_group_falls_back_to_the_flushed_step(tmp_path, reference_checksum):
-    crash_then_lose(tmp_path, 4, "partner", flush_every=3, nodes=[0, 1])
-    result = run(levels(4, tmp_path, "partner", 3), env=NODE)
+@pytest.mark.parametrize(("redundancy", "ranks"), [("partner", 4), ("xor", 6)])
+def test_losing_two_nodes_of_a_group_falls_back_to_the_flushed_step(tmp_path, reference_checksum, redundancy, ranks):
+    crash_then_lose(tmp_path, ranks, redundancy, flush_every=3, nodes=[0, 1])
+    result = run(levels(ranks, tmp_path, redundancy, 3), env=NODE)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "heat: resumed from step 60 (iteration 60) from the file system level" in result.stdout
     assert result.checksum == reference_checksum
