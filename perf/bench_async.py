@@ -17,12 +17,12 @@ import argparse
 import shutil
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+from common import fresh_directory, rank_rows
 
 
 def compute(seconds: float, work: np.ndarray) -> None:
@@ -40,14 +40,8 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/hpckpt-bench-async")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    root = Path(args.dir)
-    if comm.rank == 0:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-    comm.Barrier()
-    rows = args.mib * 2**20 // 8 // 1024
-    block = np.random.default_rng(comm.rank).standard_normal((rows, 1024))
-    state = {"u": hpckpt.Distributed(block, global_shape=(rows * comm.size, 1024), offset=(rows * comm.rank, 0))}
+    root = fresh_directory(comm, args.dir)
+    block, state = rank_rows(comm, args.mib)
     target = np.empty_like(block)
     copies = []
     for _ in range(5):

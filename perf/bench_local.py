@@ -16,21 +16,12 @@ import argparse
 import os
 import shutil
 import statistics
-import time
 from pathlib import Path
 
-import numpy as np
 from mpi4py import MPI
 
 import hpckpt
-
-
-def timed(comm: MPI.Comm, action) -> float:  # noqa: ANN001
-    comm.Barrier()
-    start = time.perf_counter()
-    action()
-    comm.Barrier()
-    return time.perf_counter() - start
+from common import fresh_directory, rank_rows, timed
 
 
 def main() -> None:
@@ -41,14 +32,8 @@ def main() -> None:
     parser.add_argument("--dir", default="/tmp/hpckpt-bench-local-pfs")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    local = Path(args.local)
-    if comm.rank == 0:
-        shutil.rmtree(local, ignore_errors=True)
-        local.mkdir(parents=True)
-    comm.Barrier()
-    rows = args.mib * 2**20 // 8 // 1024
-    block = np.random.default_rng(comm.rank).standard_normal((rows, 1024))
-    state = {"u": hpckpt.Distributed(block, global_shape=(rows * comm.size, 1024), offset=(rows * comm.rank, 0))}
+    local = fresh_directory(comm, args.local)
+    block, state = rank_rows(comm, args.mib)
 
     def raw() -> None:
         path = local / f"raw-{comm.rank}.bin"

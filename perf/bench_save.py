@@ -20,24 +20,14 @@ import argparse
 import os
 import shutil
 import statistics
-import time
-from pathlib import Path
 
 import adios2
 import h5py
-import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+from common import fresh_directory, rank_rows, timed
 from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
-
-
-def timed(comm: MPI.Comm, action) -> float:
-    comm.Barrier()
-    start = time.perf_counter()
-    action()
-    comm.Barrier()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -50,13 +40,9 @@ def main() -> None:
     args = parser.parse_args()
     adios2_parameters = {**DEFAULT_PARAMETERS, **dict(item.split("=", 1) for item in args.adios2_param)}
     comm = MPI.COMM_WORLD
-    root = Path(args.dir)
-    if comm.rank == 0:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-    comm.Barrier()
-    rows = args.mib * 2**20 // 8 // 1024
-    block = np.random.default_rng(comm.rank).standard_normal((rows, 1024))
+    root = fresh_directory(comm, args.dir)
+    block, state = rank_rows(comm, args.mib)
+    rows = block.shape[0]
     global_shape = (rows * comm.size, 1024)
 
     def raw() -> None:
@@ -91,7 +77,6 @@ def main() -> None:
             os.fsync(fd)
             os.close(fd)
 
-    state = {"u": hpckpt.Distributed(block, global_shape=global_shape, offset=(comm.rank * rows, 0))}
     options = {"adios2": {"parameters": adios2_parameters}}
     checkpointers = {
         name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name, backend_options=options.get(name))

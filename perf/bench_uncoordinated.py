@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+from common import fresh_directory, rank_rows
 
 
 def exchange(comm, row: np.ndarray, halo: np.ndarray) -> None:  # noqa: ANN001
@@ -66,9 +67,7 @@ def logging_overhead(root: Path, iterations: int, repeat: int) -> list[tuple[int
 
 def blocking_per_save(root: Path, protocol: str, backend: str, mib: int, saves: int) -> float:
     comm = MPI.COMM_WORLD
-    rows = mib * 2**20 // 8 // 1024
-    block = np.random.default_rng(comm.rank).standard_normal((rows, 1024))
-    state = {"u": hpckpt.Distributed(block, global_shape=(rows * comm.size, 1024), offset=(rows * comm.rank, 0))}
+    _, state = rank_rows(comm, mib)
     seconds = []
     with hpckpt.Checkpointer(root / f"{protocol}-{backend}", protocol=protocol, backend=backend, keep=2) as ckpt:
         for step in range(1, saves + 1):
@@ -93,11 +92,7 @@ def main() -> None:
     parser.add_argument("--backends", default="posix,hdf5")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    root = Path(args.dir)
-    if comm.rank == 0:
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-    comm.Barrier()
+    root = fresh_directory(comm, args.dir)
     overhead = logging_overhead(root, args.iterations, args.repeat)
     blocking = {
         (protocol, backend): blocking_per_save(root, protocol, backend, args.mib, args.saves)

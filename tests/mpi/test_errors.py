@@ -1,6 +1,5 @@
 """Failures on one rank reach every rank; mismatched trees and corrupt steps are named."""
 
-import warnings
 
 import numpy as np
 import pytest

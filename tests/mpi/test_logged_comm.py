@@ -37,15 +37,21 @@ def snapshot_round(rank: int) -> int:
     return 1 + rank % 4
 
 
-def test_replay_and_suppression_after_a_simulated_relaunch(world, mpi_tmp_path):
-    first = LoggedComm(world, DeterminantFile(mpi_tmp_path / f"a{world.rank}", None))
+def first_run(world, directory, one_round):
+    """Run every round once; return what each round gave and the snapshot of this rank."""
+    first = LoggedComm(world, DeterminantFile(directory, None))
     seen, snapshot = [], None
     for round_ in range(ROUNDS):
-        seen.append(ring_round(first, round_))
+        seen.append(one_round(first, round_))
         if round_ + 1 == snapshot_round(world.rank):
             snapshot = copy.deepcopy(first.state)
     first.drain()
     first.free()
+    return seen, snapshot
+
+
+def test_replay_and_suppression_after_a_simulated_relaunch(world, mpi_tmp_path):
+    seen, snapshot = first_run(world, mpi_tmp_path / f"a{world.rank}", ring_round)
     assert snapshot.sent[((world.rank + 1) % world.size, 7)] == snapshot_round(world.rank)
     assert snapshot.delivered[((world.rank - 1) % world.size, 7)] == snapshot_round(world.rank)
 
@@ -75,14 +81,7 @@ def test_logged_collectives_are_served_to_ranks_behind(world, mpi_tmp_path):
         comm.Barrier()
         return np.concatenate([total, head, biggest if comm.rank == world.size - 1 else []])
 
-    first = LoggedComm(world, DeterminantFile(mpi_tmp_path / f"c{world.rank}", None))
-    seen, snapshot = [], None
-    for round_ in range(ROUNDS):
-        seen.append(collective_round(first, round_))
-        if round_ + 1 == snapshot_round(world.rank):
-            snapshot = copy.deepcopy(first.state)
-    first.drain()
-    first.free()
+    seen, snapshot = first_run(world, mpi_tmp_path / f"c{world.rank}", collective_round)
     assert snapshot.collectives_done == 4 * snapshot_round(world.rank)
 
     second = LoggedComm(world, DeterminantFile(mpi_tmp_path / f"d{world.rank}", None))
