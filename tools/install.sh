@@ -149,7 +149,14 @@ PY
 fi
 install_wheel "$adios2_key"
 
-# --- 5. hpckpt itself, editable ----------------------------------------------------------
+# --- 5. optional extras: torch (CPU) for the torch-tensor tests ------------------------
+# HPCKPT_WITH_TORCH=0 skips it; a failure only warns (those tests then skip, saying so).
+if [ "${HPCKPT_WITH_TORCH:-1}" != 0 ]; then
+    say "pip install torch (CPU) for the torch tests"
+    "${pip[@]}" install "${HPCKPT_TORCH_SPEC:-torch==2.13.0}" || say "torch not installed: the torch tests will skip" >&2
+fi
+
+# --- 6. hpckpt itself, editable ----------------------------------------------------------
 "${pip[@]}" install --no-deps --no-build-isolation -e "$repo"
 
 check_imports

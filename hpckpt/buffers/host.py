@@ -1,8 +1,8 @@
 """Host views of array leaves: contiguous NumPy arrays to write from and read into.
 
-NumPy arrays (and anything exposing ``__array__``, DLPack or the buffer protocol on
-the host) are handled here; device arrays get their own staging module later, behind
-the same two functions.
+NumPy arrays, CPU torch tensors (viewed through ``detach().numpy()``, no copy), and
+anything exposing ``__array__``, DLPack or the buffer protocol on the host are handled
+here; device arrays get their own staging module later, behind the same two functions.
 """
 
 from __future__ import annotations
@@ -16,6 +16,23 @@ from ..errors import InvalidStateError
 STORABLE_KINDS = "biufc"
 
 
+def _numpy_view(array: Any) -> np.ndarray:
+    """A NumPy array sharing ``array``'s memory where possible."""
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "detach") and hasattr(array, "numpy"):  # a torch tensor
+        device = getattr(array, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            raise TypeError(f"the tensor is on {device}; device tensors are not supported yet (copy it to the CPU)")
+        return array.detach().numpy()
+    return np.asarray(array)
+
+
+def host_dtype(array: Any) -> np.dtype:
+    """The NumPy dtype ``array`` is stored as."""
+    return _numpy_view(array).dtype
+
+
 def as_host_array(array: Any, path: str) -> np.ndarray:
     """Return ``array`` as a C-contiguous NumPy array (a copy only when it is not one).
 
@@ -26,7 +43,7 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         (only booleans, integers, floats and complex numbers can).
     """
     try:
-        host = np.asarray(array)
+        host = _numpy_view(array)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is the user's input
         raise InvalidStateError(f"leaf {path!r}: cannot view {type(array).__name__} as a host array: {exc}") from exc
     if host.dtype.kind not in STORABLE_KINDS:
@@ -46,7 +63,7 @@ def writable_target(array: Any, path: str) -> np.ndarray:
     """
     if not isinstance(array, np.ndarray):
         try:
-            array = np.asarray(array)
+            array = _numpy_view(array)
         except Exception as exc:  # noqa: BLE001
             raise InvalidStateError(f"leaf {path!r}: cannot restore into {type(array).__name__}: {exc}") from exc
     if not array.flags.writeable:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import gather_phase, run_phase
-from ..buffers.host import writable_target
+from ..buffers.host import host_dtype, writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.leaves import ARRAY_LEAF_TYPES, Local
@@ -203,7 +203,7 @@ def _differences(
         if record.kind != leaf.kind:
             found.append(f"leaf {slot.path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint")
             continue
-        dtype = np.dtype(getattr(leaf.array, "dtype", None))
+        dtype = host_dtype(leaf.array)
         if dtype != np.dtype(record.dtype):
             found.append(f"leaf {slot.path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")
         if leaf.kind == "distributed":
