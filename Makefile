@@ -13,7 +13,7 @@ test: install
 	$(MAKE) test-unit test-fault test-mpi
 
 test-unit:
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit tests/gpu -q -rs
 
 test-fault:
 	$(PY) -m pytest tests/fault -q

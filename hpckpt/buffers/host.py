@@ -2,7 +2,7 @@
 
 NumPy arrays, CPU torch tensors (viewed through ``detach().numpy()``, no copy), and
 anything exposing ``__array__``, DLPack or the buffer protocol on the host are handled
-here; device arrays get their own staging module later, behind the same two functions.
+here; device arrays are copied to pinned host buffers by :mod:`hpckpt.buffers.device`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidStateError
+from .device import STAGER, device_layout, is_device_array
 
 STORABLE_KINDS = "biufc"
 
@@ -28,8 +29,10 @@ def _numpy_view(array: Any) -> np.ndarray:
     return np.asarray(array)
 
 
-def host_dtype(array: Any) -> np.dtype:
+def host_dtype(array: Any, path: str) -> np.dtype:
     """The NumPy dtype ``array`` is stored as."""
+    if is_device_array(array):
+        return device_layout(array, path)[1]
     return _numpy_view(array).dtype
 
 
@@ -42,6 +45,8 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         When the array cannot be viewed on the host or its dtype cannot be stored
         (only booleans, integers, floats and complex numbers can).
     """
+    if is_device_array(array):
+        return STAGER.to_host(array, path)
     try:
         host = _numpy_view(array)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is the user's input

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..buffers.device import STAGER, device_layout, is_device_array
 from ..buffers.host import as_host_array
 from ..model.leaves import Distributed, Local, Replicated
 from .coordinated import SaveReport
@@ -53,7 +54,16 @@ def snapshot(state: Any, buffers: dict[str, np.ndarray], prefix: str = "") -> An
 
 
 def _stage(array: Any, path: str, buffers: dict[str, np.ndarray]) -> np.ndarray:
-    host = as_host_array(array, path.lstrip("/"))
+    """Copy ``array`` into this path's buffer (device arrays straight into pinned memory)."""
+    name = path.lstrip("/")
+    if is_device_array(array):
+        shape, dtype = device_layout(array, name)
+        buffer = buffers.get(path)
+        if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
+            buffer = STAGER.pinned_buffer(f"snapshot:{id(buffers)}:{path}", shape, dtype)
+            buffers[path] = buffer
+        return STAGER.to_host(array, name, out=buffer)
+    host = as_host_array(array, name)
     buffer = buffers.get(path)
     if buffer is None or buffer.shape != host.shape or buffer.dtype != host.dtype:
         buffer = np.empty_like(host)

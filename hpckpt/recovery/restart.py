@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._comm import gather_phase, run_phase
+from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
@@ -59,6 +60,7 @@ class _Piece:
     destination: np.ndarray
     slices: tuple[tuple[slice, ...], tuple[slice, ...]] | None
     resized: Local | None = None  # a resizable Local leaf whose array becomes ``destination``
+    device: Any = None  # a device array that ``destination`` (host staging) is copied back into
 
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
@@ -140,6 +142,9 @@ def restore_newest(
                 piece.destination[into] = piece.request.array[source]
             if piece.resized is not None:
                 piece.resized.array, piece.resized.shape = piece.destination, piece.destination.shape
+        devices = {id(piece.device): piece for piece in pieces if piece.device is not None}
+        for piece in devices.values():
+            STAGER.to_device(piece.destination, piece.device, piece.request.record.path)
         for slot in slots:
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])
@@ -203,7 +208,7 @@ def _differences(
         if record.kind != leaf.kind:
             found.append(f"leaf {slot.path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint")
             continue
-        dtype = host_dtype(leaf.array)
+        dtype = host_dtype(leaf.array, slot.path)
         if dtype != np.dtype(record.dtype):
             found.append(f"leaf {slot.path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")
         if leaf.kind == "distributed":
@@ -257,16 +262,21 @@ def _plan_reads(
         if not isinstance(leaf, ARRAY_LEAF_TYPES):
             continue
         record = stored[slot.path]
-        destination = writable_target(leaf.array, slot.path)
+        device = leaf.array if is_device_array(leaf.array) else None
+        if device is not None:
+            destination = STAGER.pinned_buffer(slot.path, leaf.shape, np.dtype(record.dtype))
+        else:
+            destination = writable_target(leaf.array, slot.path)
         if leaf.kind == "distributed":
-            pieces += _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
+            planned = _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
+            pieces += [replace(piece, device=device) for piece in planned]
             continue
         block = record.block_of(source if leaf.kind == "local" and source is not None else rank)
         if isinstance(leaf, Local) and leaf.resizable and leaf.shape != block.shape:
             fresh = np.empty(block.shape, dtype=record.dtype)
             pieces.append(_Piece(BlockData(record, block, fresh), fresh, None, resized=leaf))
             continue
-        pieces.append(_whole_block_piece(record, block, destination))
+        pieces.append(replace(_whole_block_piece(record, block, destination), device=device))
     return pieces
 
 
