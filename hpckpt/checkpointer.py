@@ -21,6 +21,7 @@ from .schedule import Schedule
 from .recovery.restart import list_committed_steps, restore_newest
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
+from .storage.lock import RunLock
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -145,6 +146,8 @@ class Checkpointer:
         self.keep = keep
         self.backend = open_backend(backend, backend_options)
         self._comm: MPI.Comm | None = comm.Dup()
+        self._lock = RunLock(self.run_dir.root)
+        run_phase(self._comm, "open run directory", lambda: self._lock.acquire() if self._comm.rank == 0 else None)
         self._rank: UncoordinatedRank | None = None
         if protocol == "uncoordinated":
             self._rank = UncoordinatedRank(
@@ -411,6 +414,7 @@ class Checkpointer:
             if drain:
                 self._local.close()
             self._local = None
+        self._lock.release()
         if self._comm is not None:
             self._comm.Free()
             self._comm = None

@@ -85,14 +85,16 @@ class NodeLocalStore:
         self.comm, self.redundancy, self.keep = comm, redundancy, keep
         self.nodes = node_of_each_rank(comm)
         rank, self.node = comm.rank, self.nodes[comm.rank]
+        self._members: dict[int, list[int]] = {}  # node -> its ranks, in order
+        for member, node in enumerate(self.nodes):
+            self._members.setdefault(node, []).append(member)
         node_dir = root / f"node-{self.node:04d}"
         self.own = RunDirectory(node_dir / f"rank-{rank:05d}")
         self.backend = PosixBackend()
         count = max(self.nodes) + 1
         if redundancy != "none" and count < 2:
             raise ValueError(f"redundancy={redundancy!r} needs ranks on at least 2 nodes; all {comm.size} are on one")
-        peers = [r for r in range(comm.size) if self.nodes[r] == self.node]
-        index = peers.index(rank)
+        index = self._index_on_node(rank)
         self.holder = self._rank_at((self.node + 1) % count, index)
         self.owner = self._rank_at((self.node - 1) % count, index)
         self.partner_dir = RunDirectory(node_dir / f"partner-of-{self.owner:05d}")
@@ -112,10 +114,10 @@ class NodeLocalStore:
         return self.group.allgather(self.comm.rank)
 
     def _index_on_node(self, rank: int) -> int:
-        return [r for r in range(self.comm.size) if self.nodes[r] == self.nodes[rank]].index(rank)
+        return self._members[self.nodes[rank]].index(rank)
 
     def _rank_at(self, node: int, index: int) -> int:
-        ranks = [r for r in range(self.comm.size) if self.nodes[r] == node]
+        ranks = self._members[node]
         return ranks[index % len(ranks)]
 
     def save(self, step: int, state: Any, metric: float | None) -> SaveReport:

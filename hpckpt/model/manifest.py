@@ -19,6 +19,7 @@ from ..errors import CorruptCheckpointError
 FORMAT_NAME = "hpckpt-manifest"
 FORMAT_VERSION = 1
 LEAF_KINDS = ("distributed", "local", "replicated")
+STORABLE_DTYPE_KINDS = "biufc"  # the dtypes hpckpt writes: no objects, no records
 
 
 @dataclass(frozen=True)
@@ -121,17 +122,45 @@ class Manifest:
                 values=dict(body["values"]),
                 created=float(body["created"]),
                 committed=float(body["committed"]),
-                files={str(name): None if size is None else int(size) for name, size in body["files"].items()},
+                files={safe_name(name, "file"): None if size is None else int(size) for name, size in body["files"].items()},
                 metric=None if body.get("metric") is None else float(body["metric"]),
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
+
+
+def safe_name(name: Any, what: str) -> str:
+    """``name`` if it is a relative path inside the step directory, else ValueError."""
+    if not isinstance(name, str) or not name or "\0" in name or name.startswith("/"):
+        raise ValueError(f"{what} {name!r} is not a relative file name")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise ValueError(f"{what} {name!r} leaves the step directory or is not normalised")
+    return name
+
+
+def _location(raw: Any, what: str) -> dict[str, Any]:
+    location = dict(raw)
+    for key in ("file", "directory"):
+        if key in location:
+            safe_name(location[key], f"{what} {key}")
+    return location
 
 
 def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
     if leaf["kind"] not in LEAF_KINDS:
         raise ValueError(f"leaf {leaf.get('path')!r} has unknown kind {leaf['kind']!r}")
+    dtype = np.dtype(str(leaf["dtype"]))
+    if dtype.kind not in STORABLE_DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
+        raise ValueError(f"leaf {leaf.get('path')!r} has dtype {dtype}, which hpckpt never writes")
     global_shape = leaf["global_shape"]
+    for block in leaf["blocks"]:
+        if any(int(n) < 0 for n in list(block["shape"]) + list(block["offset"])):
+            raise ValueError(f"leaf {leaf.get('path')!r} has a block with a negative shape or offset")
+        if global_shape is not None and (
+            len(block["offset"]) != len(global_shape)
+            or any(int(o) + int(n) > int(g) for o, n, g in zip(block["offset"], block["shape"], global_shape))
+        ):
+            raise ValueError(f"leaf {leaf.get('path')!r} has a block outside its global shape {global_shape}")
     return LeafRecord(
         path=str(leaf["path"]),
         kind=leaf["kind"],
@@ -143,9 +172,9 @@ def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
                 offset=tuple(int(n) for n in block["offset"]),
                 shape=tuple(int(n) for n in block["shape"]),
                 checksum=str(block["checksum"]),
-                location=dict(block.get("location", {})),
+                location=_location(block.get("location", {}), f"leaf {leaf['path']!r} block location"),
             )
             for block in leaf["blocks"]
         ),
-        location={str(k): v for k, v in leaf.get("location", {}).items()},
+        location=_location({str(k): v for k, v in leaf.get("location", {}).items()}, f"leaf {leaf['path']!r} location"),
     )

@@ -30,6 +30,17 @@ _STEP_NAME = re.compile(r"^step-(\d{8,})$")
 _TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
 
 
+DIRECTORY_MODE = 0o755  # masked by the umask, like every mode here: never world-writable
+FILE_MODE = 0o644
+
+
+def _not_world_writable(path: Path) -> None:
+    """Clear the world-write bit an I/O library may have set (it creates files 0666 & umask)."""
+    mode = os.stat(path).st_mode
+    if mode & stat.S_IWOTH:
+        os.chmod(path, stat.S_IMODE(mode) & ~(stat.S_IWOTH | stat.S_IWGRP))
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -73,11 +84,11 @@ class RunDirectory:
 
     def prepare(self, step: int) -> Path:
         """Create an empty temporary directory for ``step`` (removing a stale one)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
         temp = self.temp_path(step)
         if temp.exists():
             shutil.rmtree(temp)
-        temp.mkdir()
+        temp.mkdir(mode=DIRECTORY_MODE)
         return temp
 
     def commit(self, manifest: Manifest) -> Path:
@@ -91,11 +102,13 @@ class RunDirectory:
         sizes: dict[str, int | None] = {}
         for name in manifest.files:
             _fsync_path(temp / name)
+            _not_world_writable(temp / name)
             status = os.stat(temp / name)
             sizes[name] = None if stat.S_ISDIR(status.st_mode) else status.st_size
         manifest = replace(manifest, files=sizes)
         manifest_file = temp / MANIFEST_NAME
-        with open(manifest_file, "w", encoding="utf-8") as handle:
+        descriptor = os.open(manifest_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with open(descriptor, "w", encoding="utf-8") as handle:
             handle.write(manifest.to_json())
             handle.flush()
             os.fsync(handle.fileno())

@@ -117,7 +117,7 @@ def test_gc_removes_leftovers_and_old_steps(tmp_path):
     (run_dir / "step-00000070.tmp").mkdir()
     result = cli("gc", run_dir, "--keep", "2")
     assert result.returncode == 0, result.stderr
-    assert sorted(os.listdir(run_dir)) == ["step-00000040", "step-00000050"]
+    assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-00000040", "step-00000050"]
     assert "removed incomplete" in result.stdout and "removed step 10" in result.stdout
     assert result.stdout.strip().endswith("kept 2 committed step(s)")
 

@@ -120,7 +120,7 @@ def test_steps_latest_and_retention(comm, run_dir, backend):
         assert checkpointer.latest_step() == 4
         assert checkpointer.restore(state) == 4 and state["step_info"]["iteration"] == 4
     if comm.rank == 0:
-        assert sorted(os.listdir(run_dir)) == ["step-00000003", "step-00000004"]
+        assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-00000003", "step-00000004"]
 
 
 def test_failed_commit_keeps_the_previous_step_and_its_leftovers_are_removed(world, mpi_tmp_path, monkeypatch, backend):

@@ -59,3 +59,69 @@ def test_invalid_manifests_are_corrupt(text, message):
     with pytest.raises(CorruptCheckpointError) as info:
         Manifest.from_json(text, "m.json")
     assert message in str(info.value)
+
+
+# --- hostile manifests: only CorruptCheckpointError, never another exception ----------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_any_text_is_a_manifest_or_a_clear_error(text):
+    try:
+        Manifest.from_json(text, "fuzz.json")
+    except CorruptCheckpointError as exc:
+        assert str(exc).startswith("fuzz.json: not a valid hpckpt manifest")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["step", "world_size", "files", "values", "leaves", "created"]), JSON_VALUES)
+def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field, value):
+    body = json.loads(make_manifest().to_json())
+    body[field] = value
+    try:
+        Manifest.from_json(json.dumps(body), "fuzz.json")
+    except CorruptCheckpointError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["path", "kind", "dtype", "global_shape", "blocks", "location"]), JSON_VALUES)
+def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
+    body = json.loads(make_manifest().to_json())
+    body["leaves"][0][field] = value
+    try:
+        Manifest.from_json(json.dumps(body), "fuzz.json")
+    except CorruptCheckpointError:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [("../escape.bin", "leaves the step directory"), ("/etc/passwd", "not a relative file name"), ("a/./b", "not normalised"), ("a\0b", "not a relative")],
+)
+def test_file_names_cannot_leave_the_step_directory(name, problem):
+    body = json.loads(make_manifest().to_json())
+    body["files"] = {name: 10}
+    with pytest.raises(CorruptCheckpointError, match=problem):
+        Manifest.from_json(json.dumps(body), "evil.json")
+    body = json.loads(make_manifest().to_json())
+    body["leaves"][0]["blocks"][0]["location"] = {"file": name, "offset": 0}
+    with pytest.raises(CorruptCheckpointError, match=problem):
+        Manifest.from_json(json.dumps(body), "evil.json")
+
+
+def test_object_and_record_dtypes_are_refused():
+    for dtype in ("|O", "[('a', '<i4')]", "<M8[s]"):
+        body = json.loads(make_manifest().to_json())
+        body["leaves"][0]["dtype"] = dtype
+        with pytest.raises(CorruptCheckpointError, match="evil.json: not a valid hpckpt manifest"):
+            Manifest.from_json(json.dumps(body), "evil.json")
