@@ -32,6 +32,8 @@ def _check_key(key: Any, parent: str) -> str:
         raise InvalidStateError(f"state keys must be strings; key {key!r} at {where} is {type(key).__name__}")
     if key in _RESERVED_KEYS or "/" in key:
         raise InvalidStateError(f"state key {key!r} at {where} is not allowed (empty, '.', '..' or contains '/')")
+    if any(ord(char) < 32 or ord(char) == 127 for char in key):
+        raise InvalidStateError(f"state key {key!r} at {where} contains a control character (NUL, newline, ...)")
     return key
 
 

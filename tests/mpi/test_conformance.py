@@ -217,3 +217,18 @@ def test_a_truncated_file_is_detected_and_restore_falls_back(world, mpi_tmp_path
         with pytest.warns(hpckpt.CheckpointFallbackWarning, match="checkpoint step 2 is corrupt .*falling back to step 1"):
             assert checkpointer.restore(state) == 1
         assert state["u"].array.tobytes() == row_state(world, 1.0)["u"].array.tobytes()
+
+
+def test_ten_thousand_leaves_and_non_ascii_names(mpi_tmp_path, backend):
+    from mpi4py import MPI
+
+    def state(value: int) -> dict:
+        leaves = {f"l{i:05d}": hpckpt.Local(np.full(2, value * i, dtype=np.int32)) for i in range(10_000)}
+        return {**leaves, "température": hpckpt.Replicated(np.arange(3.0) * value), "数据": {"ü": value}}
+
+    saved = state(1)
+    with hpckpt.Checkpointer(mpi_tmp_path / f"tenk-{MPI.COMM_WORLD.rank}", comm=MPI.COMM_SELF, **backend) as checkpointer:
+        checkpointer.save(1, saved)
+        target = state(0)
+        assert checkpointer.restore(target) == 1
+    assert_same(saved, target)

@@ -51,3 +51,13 @@ def test_distributed_box_must_fit():
         Distributed(np.zeros((2, 2)), global_shape=(4,), offset=(0,))
     with pytest.raises(InvalidStateError, match="must not be negative"):
         Distributed(np.zeros(2), global_shape=(4,), offset=(-1,))
+
+
+@pytest.mark.parametrize("key", ["a\0b", "line\nbreak", "tab\there", "del\x7f"])
+def test_control_characters_in_keys_are_refused(key):
+    with pytest.raises(InvalidStateError, match="contains a control character"):
+        flatten({"outer": {key: 1}})
+
+
+def test_non_ascii_keys_are_kept():
+    assert [slot.path for slot in flatten({"température": 1.5, "数据": {"ü": 2}})] == ["température", "数据/ü"]
