@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 from pathlib import Path
 
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, rank_rows, timed
+from common import fresh_directory, print_bandwidths, rank_rows, time_ways
 
 
 def main() -> None:
@@ -52,19 +51,13 @@ def main() -> None:
     }
     step = iter(range(1, 10**6))
     ways = {"raw": raw} | {f"local-{name}": (lambda c=c: c.save(next(step), state)) for name, c in checkpointers.items()}
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(args.repeat):
-        for name, action in ways.items():
-            seconds[name].append(timed(comm, action))
+    seconds = time_ways(comm, ways, args.repeat)
     for checkpointer in checkpointers.values():
         checkpointer.close()
     if comm.rank == 0:
         total = args.mib * 2**20 * comm.size
-        base = statistics.median(seconds["raw"])
         print(f"bench_local: {comm.size} ranks x {args.mib} MiB to {local}, median of {args.repeat}")
-        for name, values in seconds.items():
-            median = statistics.median(values)
-            print(f"  {name:14s} {median:7.3f} s  {total / median / 1e9:5.2f} GB/s  {base / median:5.2f} x raw")
+        print_bandwidths(seconds, total)
         shutil.rmtree(local, ignore_errors=True)
         shutil.rmtree(args.dir, ignore_errors=True)
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 
 import adios2
 import h5py
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, rank_rows, timed
+from common import fresh_directory, print_bandwidths, rank_rows, time_ways
 from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
 
 
@@ -86,21 +85,15 @@ def main() -> None:
     ways = {"raw": raw, "h5py": plain_h5py, "adios2": plain_adios2}
     for name, checkpointer in checkpointers.items():
         ways[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(step), state)
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(args.repeat):
-        for name, action in ways.items():
-            seconds[name].append(timed(comm, action))
+    seconds = time_ways(comm, ways, args.repeat)
     phases = {name: checkpointer.last_save.seconds for name, checkpointer in checkpointers.items()}
     for checkpointer in checkpointers.values():
         checkpointer.close()
     if comm.rank == 0:
         total = args.mib * 2**20 * comm.size
-        base = statistics.median(seconds["raw"])
         print(f"bench_save: {comm.size} ranks x {args.mib} MiB, median of {args.repeat}, dir {root}")
         print(f"  adios2 parameters: {adios2_parameters}")
-        for name, values in seconds.items():
-            median = statistics.median(values)
-            print(f"  {name:13s} {median:7.3f} s  {total / median / 1e9:5.2f} GB/s  {base / median:5.2f} x raw")
+        print_bandwidths(seconds, total)
         for name, seconds_of in phases.items():
             print(f"  hpckpt-{name} phases of the last save (s): " + ", ".join(f"{k} {v:.3f}" for k, v in seconds_of.items()))
         shutil.rmtree(root, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,3 +39,20 @@ def rank_rows(comm: MPI.Comm, mib: int) -> tuple[np.ndarray, dict]:
     block = np.random.default_rng(comm.rank).standard_normal((rows, 1024))
     leaf = hpckpt.Distributed(block, global_shape=(rows * comm.size, 1024), offset=(rows * comm.rank, 0))
     return block, {"u": leaf}
+
+
+def time_ways(comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Seconds of each way, ``repeat`` rounds, the ways interleaved within a round. Collective."""
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(repeat):
+        for name, action in ways.items():
+            seconds[name].append(timed(comm, action))
+    return seconds
+
+
+def print_bandwidths(seconds: dict[str, list[float]], total_bytes: int, baseline: str = "raw") -> None:
+    """One line per way: median seconds, GB/s and the ratio to ``baseline``."""
+    base = statistics.median(seconds[baseline])
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        print(f"  {name:14s} {median:7.3f} s  {total_bytes / median / 1e9:5.2f} GB/s  {base / median:5.2f} x {baseline}")

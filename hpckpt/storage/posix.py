@@ -45,6 +45,11 @@ def _positive_int(name: str, value: int) -> int:
     return value
 
 
+def _world_size(records: Sequence[LeafRecord]) -> int:
+    """Number of ranks that wrote ``records`` (the highest block rank + 1)."""
+    return max((block.rank for record in records for block in record.blocks), default=0) + 1
+
+
 def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRecord, Block]]:
     """Every stored block with the rank that writes it, in manifest order."""
     for record in records:
@@ -74,7 +79,7 @@ class PosixBackend:
             start = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
             relative[(record.path, block.rank)] = start
             segment_bytes[rank] = start + block.size * record.itemsize
-        world = max((block.rank for record in records for block in record.blocks), default=0) + 1
+        world = _world_size(records)
         segment_start: dict[int, int] = {}
         for rank in range(world):
             first_in_file = rank - rank % self.ranks_per_file
@@ -103,7 +108,7 @@ class PosixBackend:
         segment is empty, so every listed file exists.
         """
         names = sorted({block.location["file"] for record in records for block in record.blocks})
-        world = max((block.rank for record in records for block in record.blocks), default=0) + 1
+        world = _world_size(records)
         mine = {self.file_of(rank) for rank in range(world) if comm.size == 1 or rank == comm.rank}
         by_file: dict[str, list[BlockData]] = {name: [] for name in mine}
         for data in blocks:
