@@ -4,19 +4,23 @@ PY      := $(VENV)/bin/python
 MPIEXEC ?= mpiexec
 NP      ?= 4
 
-.PHONY: install test test-unit test-fault test-mpi demo clean
+.PHONY: install test test-unit test-fault test-mpi test-slurm demo clean
 
 install:
 	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
 
 test: install
-	$(MAKE) test-unit test-fault test-mpi
+	$(MAKE) test-unit test-fault test-mpi test-slurm
 
 test-unit:
 	$(PY) -m pytest tests/unit tests/gpu -q -rs
 
 test-fault:
 	$(PY) -m pytest tests/fault -q
+
+# Starts a real single-node Slurm (installing slurm-wlm and munge when missing, as root).
+test-slurm:
+	$(PY) -m pytest tests/slurm -q -rs
 
 # pytest-timeout's thread method ends a rank stuck in a collective; `timeout` is the backstop.
 test-mpi:

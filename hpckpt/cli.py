@@ -50,10 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run a command, relaunching it after a failure",
         description="Run COMMAND; after a non-zero exit run it again until it succeeds or the "
-        "restart budget is spent. Exports HPCKPT_ATTEMPT=0,1,... and exits with the last status.",
+        "restart budget is spent. Exports HPCKPT_ATTEMPT=0,1,... and exits with the last status. "
+        "Exit status 75 means the command stopped with a checkpoint (hpckpt.slurm): it is not relaunched.",
     )
     run.add_argument("--max-restarts", type=_non_negative_int, default=3, help="relaunches after the first attempt (default 3)")
     run.add_argument("--delay", type=_non_negative_float, default=1.0, help="seconds to wait before a relaunch (default 1)")
+    run.add_argument(
+        "--requeue",
+        action="store_true",
+        help="inside a Slurm job: when COMMAND stops with a checkpoint (exit status 75), scontrol requeue the job",
+    )
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command, after --")
     run.set_defaults(handler=_run, subparser=run)
 
@@ -98,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         args.subparser.error("give the command after --, e.g. hpckpt run -- mpiexec -n 4 python app.py")
-    return run_with_relaunch(command, max_restarts=args.max_restarts, delay=args.delay)
+    return run_with_relaunch(command, max_restarts=args.max_restarts, delay=args.delay, requeue=args.requeue)
 
 
 def _reader(directory: str) -> Any:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._comm import abort_on_exception
+from ..slurm import STOPPED_EXIT_CODE, JobControl
 from ..testing.faults import first_attempt
 
 
@@ -48,11 +49,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--stop-at-iter", type=int, help="save a checkpoint at this iteration and exit (to resume, maybe on other ranks)"
     )
+    parser.add_argument(
+        "--pace", type=float, default=0.0, help="sleep this many seconds per iteration (a small grid that runs long)"
+    )
     parser.add_argument("--crash-at-iter", type=int, help="rank --crash-rank SIGKILLs itself at this iteration")
     parser.add_argument("--crash-rank", type=int, default=0, help="the rank that crashes (default 0)")
     args = parser.parse_args(argv)
-    if args.n < 3 or args.iters < 0 or args.every < 0:
-        parser.error("need --n >= 3, --iters >= 0 and --every >= 0")
+    if args.n < 3 or args.iters < 0 or args.every < 0 or args.pace < 0:
+        parser.error("need --n >= 3, --iters >= 0, --every >= 0 and --pace >= 0")
     if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
         parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
     return args
@@ -103,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     if comm.size > args.n:
         raise SystemExit(f"heat: --n {args.n} is smaller than the {comm.size} ranks; every rank needs a row")
+    uncoordinated = args.protocol == "uncoordinated"
+    # Stop signals and the wall-time limit are agreed on every iteration: coordinated
+    # only, where all ranks run the same iterations (uncoordinated ranks restart apart).
+    job = None if uncoordinated else JobControl(comm)
+    if job is not None and comm.rank == 0 and (job.job_id or job.end_time):
+        print(f"heat: {job.describe()}", flush=True)
     first_row, rows = row_block(args.n, comm.size, comm.rank)
     u = np.zeros((rows + 2, args.n))
     set_boundaries(u, first_row, args.n)
@@ -111,7 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "iteration": 0,
     }
     started = time.perf_counter()
-    uncoordinated = args.protocol == "uncoordinated"
     # Uncoordinated: rank r saves at its own iterations, offset by r * every / size, so
     # no two ranks save at the same iteration.
     phase = comm.rank * args.every // comm.size if uncoordinated else 0
@@ -133,19 +142,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             exchange_halos(halo_comm, u)
             jacobi_sweep(u, first_row, args.n)
+            if args.pace:
+                time.sleep(args.pace)
             done = iteration + 1
-            stopping = done == args.stop_at_iter
+            stop_reason = None
+            if done == args.stop_at_iter:
+                stop_reason = "--stop-at-iter"
+            elif job is not None and done < args.iters and job.should_stop():
+                stop_reason = job.stop_reason
             if schedule is not None:
                 scheduled = done < args.iters and checkpointer.due(done)
             else:
                 scheduled = args.every and (done + phase) % args.every == 0 and done < args.iters
-            if scheduled or stopping:
+            if scheduled or stop_reason:
                 state["iteration"] = done
                 checkpointer.save(done, state, blocking=not args.background)
-            if stopping:
+            if stop_reason:
                 if comm.rank == 0:
-                    print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done})")
-                return 0
+                    print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done}): {stop_reason}")
+                return 0 if done == args.stop_at_iter else STOPPED_EXIT_CODE
         checkpointer.wait()
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
         if schedule is not None and comm.rank == 0:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._comm import abort_on_exception
+from ..slurm import STOPPED_EXIT_CODE, JobControl
 from ..testing.faults import first_attempt
 
 FEATURES, EXAMPLES, SEED = 16, 4096, 1234
@@ -178,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
     loss = float("nan")
     phase = rank * args.every // size if uncoordinated else 0
+    job = None if uncoordinated else JobControl(world)  # see heat.py: coordinated only
+    if job is not None and rank == 0 and (job.job_id or job.end_time):
+        print(f"train: {job.describe()}", flush=True)
     with hpckpt.Checkpointer(args.dir, comm=world, backend=args.backend, protocol=args.protocol, keep=args.keep) as ckpt:
         resumed = ckpt.restore(state)
         comm = ckpt.comm
@@ -216,11 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 adam_step(flat, m, v, summed[:-1] / examples, t, args.lr)
             state["adam"]["t"] = t
             done = step + 1
-            if args.every and (done + phase) % args.every == 0 and done < args.steps:
+            stopping = job is not None and done < args.steps and job.should_stop()
+            if stopping or args.every and (done + phase) % args.every == 0 and done < args.steps:
                 state["step"] = done
                 if not args.shard:
                     state["rng"].array[:] = generator_state(rng)
                 ckpt.save(done, state)
+            if stopping:
+                if rank == 0:
+                    print(f"train: stopped at step {done} (checkpoint step {done}): {job.stop_reason}", flush=True)
+                return STOPPED_EXIT_CODE
     if args.shard:
         final = np.empty(total)
         world.Allgatherv(state["params"].array, [final, [split(total, size, r)[1] for r in range(size)]])

@@ -6,12 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
+
+from ..slurm import READY_FILE_ENV, STOPPED_EXIT_CODE
 
 ATTEMPT_ENV = "HPCKPT_ATTEMPT"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+_HELD = (signal.SIGUSR1, signal.SIGUSR2)
+READY_WAIT = 60.0  # seconds a held SIGUSR1/SIGUSR2 waits for the ranks to be ready
 
 
 def describe_status(status: int) -> str:
@@ -28,37 +34,58 @@ def exit_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
-def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float) -> int:
+def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float, requeue: bool = False) -> int:
     """Run ``command``; after a non-zero exit run it again, at most ``max_restarts`` times.
 
     Not an MPI call: it runs outside the job (``hpckpt run -- mpiexec ...``). Exports
     ``HPCKPT_ATTEMPT`` (0, 1, ...) to the command, reports each attempt on stderr, and
-    returns the last attempt's status. SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 are
-    passed on to the running command; after SIGTERM or SIGINT it is not relaunched.
+    returns the last attempt's status. SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 are passed
+    on to the running command; after SIGTERM or SIGINT it is not relaunched. SIGUSR1 and
+    SIGUSR2 wait until the command's ranks can take them (:class:`hpckpt.slurm.JobControl`
+    reports it through ``HPCKPT_READY_FILE``), or at most ``READY_WAIT`` seconds.
+
+    An attempt that exits with :data:`~hpckpt.slurm.STOPPED_EXIT_CODE` stopped on
+    purpose after a checkpoint: it is not relaunched, and with ``requeue`` inside a
+    Slurm job (unless SIGTERM or SIGINT came here) the job is requeued with
+    ``scontrol requeue $SLURM_JOB_ID``.
     """
     stopping = False
-    child: subprocess.Popen[bytes] | None = None
+    held: list[int] = []  # SIGUSR1/SIGUSR2 that came while no attempt could take them
+    attempt_process: _Attempt | None = None
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         if signum in (signal.SIGTERM, signal.SIGINT):
             stopping = True
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        if attempt_process is not None:
+            attempt_process.signal(signum)
+        elif signum in _HELD:
+            held.append(signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in _FORWARDED}
+    previous = {signum: signal.signal(signum, on_signal) for signum in _FORWARDED}
     try:
         status = 0
         attempts = max_restarts + 1
         for attempt in range(attempts):
+            if stopping:
+                report("stopped by a signal before the attempt started")
+                return exit_code(status) or 128 + signal.SIGTERM
             report(f"attempt {attempt + 1}/{attempts}: {' '.join(command)}")
             started = time.monotonic()
-            child = subprocess.Popen(list(command), env={**os.environ, ATTEMPT_ENV: str(attempt)})
-            status = child.wait()
+            attempt_process = _Attempt(command, attempt, held)
+            held = []
+            status = attempt_process.wait()
+            attempt_process = None
             elapsed = time.monotonic() - started
             if status == 0:
                 report(f"attempt {attempt + 1}/{attempts} succeeded after {elapsed:.1f} s")
                 return 0
+            if status == STOPPED_EXIT_CODE:
+                report(f"attempt {attempt + 1}/{attempts} stopped with a checkpoint after {elapsed:.1f} s "
+                       f"(exit status {status}); not relaunching")
+                if requeue and not stopping:
+                    requeue_slurm_job()
+                return status
             report(f"attempt {attempt + 1}/{attempts} failed after {elapsed:.1f} s: {describe_status(status)}")
             if stopping:
                 report("stopped by a signal; not relaunching")
@@ -72,6 +99,63 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+class _Attempt:
+    """One run of the command, holding back SIGUSR1/SIGUSR2 until its ranks are ready."""
+
+    def __init__(self, command: Sequence[str], attempt: int, held: list[int]) -> None:
+        try:  # the working directory: on a cluster, the ranks' nodes see it too
+            fd, ready = tempfile.mkstemp(prefix=".hpckpt-ready-", dir=os.getcwd())
+        except OSError:
+            fd, ready = tempfile.mkstemp(prefix=".hpckpt-ready-")
+        os.close(fd)
+        os.unlink(ready)
+        self.ready_file = Path(ready)
+        self.started = time.monotonic()
+        self.held = list(held)
+        env = {**os.environ, ATTEMPT_ENV: str(attempt), READY_FILE_ENV: ready}
+        self.process = subprocess.Popen(list(command), env=env)
+
+    def ready(self) -> bool:
+        return self.ready_file.exists() or time.monotonic() - self.started > READY_WAIT
+
+    def signal(self, signum: int) -> None:
+        if signum in _HELD and not self.ready():
+            self.held.append(signum)
+        elif self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def wait(self) -> int:
+        try:
+            while True:
+                try:
+                    return self.process.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+                if self.held and self.ready():
+                    for signum in self.held:
+                        self.process.send_signal(signum)
+                    self.held = []
+        finally:
+            self.ready_file.unlink(missing_ok=True)
+
+
+def requeue_slurm_job() -> None:
+    """Ask Slurm to requeue this job (``scontrol requeue``); report what happened."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        report("--requeue: not inside a Slurm job (no SLURM_JOB_ID); run the command again to continue")
+        return
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        report(f"scontrol requeue {job} failed: {exc}; resubmit the job to continue")
+        return
+    if result.returncode == 0:
+        report(f"requeued Slurm job {job}: it continues from the checkpoint when it starts again")
+    else:
+        report(f"scontrol requeue {job} failed: {result.stderr.strip()}; resubmit the job to continue")
 
 
 def report(message: str) -> None:

@@ -1,5 +1,6 @@
 """``hpckpt run`` relaunches a failing command with HPCKPT_ATTEMPT, and keeps its status."""
 
+import signal
 import subprocess
 import sys
 
@@ -39,3 +40,30 @@ def test_usage_errors(args):
     result = hpckpt_run(*args)
     assert result.returncode == 2
     assert "usage: hpckpt run" in result.stderr
+
+
+def test_a_stop_with_a_checkpoint_is_not_relaunched_and_keeps_status_75(tmp_path):
+    log = tmp_path / "attempts"
+    result = hpckpt_run("--delay", "0", "--requeue", "--", "sh", "-c", f'echo "$HPCKPT_ATTEMPT" >> {log}; exit 75')
+    assert result.returncode == 75
+    assert log.read_text().split() == ["0"]
+    assert "attempt 1/4 stopped with a checkpoint after" in result.stderr and "not relaunching" in result.stderr
+    assert "--requeue: not inside a Slurm job (no SLURM_JOB_ID)" in result.stderr
+
+
+def test_usr1_waits_until_the_command_is_ready_for_it(tmp_path):
+    """A SIGUSR1 that arrives before the ranks' handlers exist is held, then delivered."""
+    log = tmp_path / "log"
+    script = (
+        f'sleep 1; trap "echo got-usr1 >> {log}; exit 75" USR1; echo ready >> {log}; '
+        'touch "$HPCKPT_READY_FILE"; while true; do sleep 0.05; done'
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hpckpt", "run", "--", "sh", "-c", script], stderr=subprocess.PIPE, text=True
+    )
+    first = process.stderr.readline()  # hpckpt run's handlers are in place; the command's trap is not
+    assert first.startswith("hpckpt run: attempt 1/4:")
+    process.send_signal(signal.SIGUSR1)  # would kill the command now
+    stderr = first + process.communicate(timeout=30)[1]
+    assert process.returncode == 75, stderr
+    assert log.read_text().split() == ["ready", "got-usr1"]

@@ -1,0 +1,55 @@
+"""The plain mpirun scripts in jobs/, for machines without Slurm, run as users run them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.fault.conftest import JOB_TIMEOUT, Finished
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+
+
+def script_env(run_dir: Path, **settings: str) -> dict[str, str]:
+    return {**os.environ, "HPCKPT_PYTHON": sys.executable, "HPCKPT_RUN_DIR": str(run_dir), **settings}
+
+
+def test_heat_mpirun_script_relaunches_after_a_crash(tmp_path, reference_checksum):
+    env = script_env(tmp_path / "run", HEAT_ARGS="--n 96 --iters 120 --every 10 --crash-at-iter 75 --crash-rank 3")
+    result = subprocess.run(["bash", str(JOBS / "heat-mpirun.sh")], capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT, env=env, cwd=tmp_path)
+    finished = Finished(result.returncode, result.stdout, result.stderr)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (finished.checksum, finished.resumed_from, finished.failed_attempts) == (reference_checksum, "70", 1)
+
+
+def test_sigterm_to_the_mpirun_script_checkpoints_and_exits_75(tmp_path):
+    run_dir = tmp_path / "run"
+    env = script_env(run_dir, HEAT_ARGS="--n 96 --iters 2000 --every 500 --pace 0.01")
+    process = subprocess.Popen(["bash", str(JOBS / "heat-mpirun.sh")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not list(tmp_path.glob(".hpckpt-ready-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the ranks' handlers are in place (hpckpt run's ready file)
+    process.send_signal(signal.SIGTERM)  # no checkpoint is due before iteration 500
+    stdout, stderr = process.communicate(timeout=JOB_TIMEOUT)
+    assert process.returncode == 75, stderr[-3000:]
+    stopped = re.search(r"^heat: stopped at iteration (\d+) on 4 ranks \(checkpoint step \1\): SIGTERM received$",
+                        stdout, re.MULTILINE)
+    assert stopped and 0 < int(stopped.group(1)) < 500, stdout
+    assert sorted(os.listdir(run_dir)) == [".hpckpt.lock", f"step-{int(stopped.group(1)):08d}"]
+
+
+def test_train_mpirun_script_matches_a_plain_run(tmp_path):
+    args = "--steps 80 --every 10"
+    plain = subprocess.run(["mpiexec", "-n", "4", sys.executable, "-m", "hpckpt.examples.train", *args.split(),
+                            "--dir", str(tmp_path / "plain")], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    result = subprocess.run(["bash", str(JOBS / "train-mpirun.sh")], capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT, env=script_env(tmp_path / "run", TRAIN_ARGS=args), cwd=tmp_path)
+    assert plain.returncode == 0 and result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == plain.stdout.strip().splitlines()[-1]

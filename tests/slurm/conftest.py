@@ -1,0 +1,134 @@
+"""A real Slurm cluster for the session, and helpers to submit the jobs/ scripts to it."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.cluster import SlurmCluster, unavailable
+
+JOBS = Path(__file__).resolve().parents[2] / "jobs"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
+HEAT_DONE = re.compile(r"^heat: done iters=\d+ resumed_from=(\w+) checksum=([0-9a-f]{64})$", re.MULTILINE)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory) -> SlurmCluster:
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    yield cluster
+    cluster.stop()
+
+
+@dataclass
+class Job:
+    """A job submitted with sbatch from ``workdir``; ``prefix`` names its output files."""
+
+    cluster: SlurmCluster
+    job_id: str
+    workdir: Path
+    prefix: str
+    released: int = 0
+    states: list[str] = field(default_factory=list)
+
+    def scontrol(self, *args: str) -> str:
+        result = subprocess.run(["scontrol", *args], capture_output=True, text=True, env=self.cluster.env)
+        assert result.returncode == 0, f"scontrol {' '.join(args)}: {result.stderr}"
+        return result.stdout
+
+    def steps_alive(self) -> bool:
+        """Whether a slurmstepd of this job still runs (named ``slurmstepd: [JOB.STEP]``)."""
+        pattern = f"slurmstepd: \\[{self.job_id}\\."
+        return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+    def show(self) -> dict[str, str]:
+        """``scontrol show job``'s fields."""
+        return dict(re.findall(r"(\w+)=(\S*)", self.scontrol("show", "job", "-o", self.job_id)))
+
+    @property
+    def stdout(self) -> str:
+        return (self.workdir / f"{self.prefix}-{self.job_id}.out").read_text()
+
+    @property
+    def stderr(self) -> str:
+        path = self.workdir / f"{self.prefix}-{self.job_id}.err"
+        return path.read_text() if path.exists() else ""
+
+    def wait_until(self, predicate, timeout: float, what: str) -> dict[str, str]:  # noqa: ANN001
+        """Poll ``scontrol show job`` until ``predicate(fields)``, releasing requeued holds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            fields = self.show()
+            if not self.states or self.states[-1] != fields["JobState"]:
+                self.states.append(fields["JobState"])
+            if predicate(fields):
+                return fields
+            if fields["JobState"] == "PENDING" and fields.get("Reason") == "BeginTime" and not self.steps_alive():
+                # Slurm holds a requeued job for about two minutes; start it now that the
+                # previous run's steps are gone (an immediate restart can meet their leftovers).
+                self.scontrol("update", f"JobId={self.job_id}", "StartTime=now")
+                self.released += 1
+            time.sleep(0.2)
+        raise AssertionError(f"job {self.job_id}: not {what} after {timeout:g} s; states {self.states}\n"
+                             f"stdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}")
+
+    def wait_done(self, timeout: float = 50) -> dict[str, str]:
+        """Wait for a final state that lasts: a job requeueing itself can pass through FAILED."""
+        while True:
+            fields = self.wait_until(lambda f: f["JobState"] in FINAL_STATES, timeout, "finished")
+            time.sleep(1.5)
+            again = self.show()
+            if again["JobState"] == fields["JobState"] and again["Restarts"] == fields["Restarts"]:
+                return again
+
+    def heat_done(self) -> tuple[str, str]:
+        """The (resumed_from, checksum) of the job's last ``heat: done`` line, which ends stdout."""
+        lines = self.stdout.strip().splitlines()
+        match = HEAT_DONE.match(lines[-1]) if lines else None
+        assert match, f"stdout does not end with 'heat: done':\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}"
+        return match.group(1), match.group(2)
+
+
+def submit(cluster: SlurmCluster, script: str, workdir: Path, *sbatch_args: str, env: dict[str, str]) -> Job:
+    """``sbatch`` a jobs/ script from ``workdir`` with ``env`` exported (HPCKPT_PYTHON set)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        ["sbatch", "--parsable", *sbatch_args, str(JOBS / script)],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env={**cluster.env, "HPCKPT_PYTHON": sys.executable, **env},
+    )
+    assert result.returncode == 0, f"sbatch {script}: {result.stderr}"
+    prefix = "hpckpt-train" if script.startswith("train") else "hpckpt-heat"
+    return Job(cluster, result.stdout.strip().split(";")[0], workdir, prefix)
+
+
+def committed_steps(run_dir: Path) -> list[int]:
+    """Steps ``hpckpt ls`` reports as committed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "hpckpt", "ls", "--json", str(run_dir)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        return []
+    return [entry["step"] for entry in json.loads(result.stdout) if entry["status"] == "committed"]
+
+
+def heat_reference(workdir: Path, *args: str) -> str:
+    """The checksum of a fault-free one-rank run without checkpoints."""
+    result = subprocess.run(
+        ["mpiexec", "-n", "1", sys.executable, "-m", "hpckpt.examples.heat", "--dir", str(workdir), *args,
+         "--every", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return HEAT_DONE.search(result.stdout).group(2)
