@@ -12,6 +12,7 @@ from .errors import (
     CorruptCheckpointError,
     HpckptError,
     InvalidStateError,
+    NoSpaceError,
     StateMismatchError,
 )
 from .model.leaves import Distributed, Local, Replicated
@@ -29,6 +30,7 @@ __all__ = [
     "HpckptError",
     "InvalidStateError",
     "Local",
+    "NoSpaceError",
     "Replicated",
     "Schedule",
     "StateMismatchError",

@@ -25,6 +25,10 @@ class CorruptCheckpointError(HpckptError, ValueError):
     """Stored data failed verification (checksum, missing dataset, unreadable file)."""
 
 
+class NoSpaceError(HpckptError, OSError):
+    """The file system lacks the space a save needs; nothing was written."""
+
+
 class CollectiveError(HpckptError, RuntimeError):
     """One or more ranks failed in a collective phase; raised identically on every rank.
 

@@ -58,6 +58,11 @@ class LeafRecord:
         """Bytes per element."""
         return np.dtype(self.dtype).itemsize
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of data stored for the leaf: all its blocks."""
+        return sum(block.size for block in self.blocks) * self.itemsize
+
     def block_of(self, rank: int) -> Block:
         """Return the block written by ``rank`` (for replicated leaves: the one block)."""
         if self.kind == "replicated":

@@ -137,7 +137,8 @@ def save_coordinated(
     records, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
     records = backend.layout(records)
 
-    timed("prepare", lambda: run_dir.prepare(step) if rank == 0 else None)
+    needed = sum(record.nbytes for record in records)
+    timed("prepare", lambda: run_dir.prepare(step, needed) if rank == 0 else None)
     temp = run_dir.temp_path(step)
 
     def write() -> list[str]:

@@ -50,7 +50,7 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
     ``scontrol requeue $SLURM_JOB_ID``.
     """
     stopping = False
-    held: list[int] = []  # SIGUSR1/SIGUSR2 that came while no attempt could take them
+    held: list[int] = []  # SIGUSR1/SIGUSR2 not yet passed on (shared with the running attempt)
     attempt_process: _Attempt | None = None
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -73,7 +73,8 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
             report(f"attempt {attempt + 1}/{attempts}: {' '.join(command)}")
             started = time.monotonic()
             attempt_process = _Attempt(command, attempt, held)
-            held = []
+            if stopping:  # SIGTERM or SIGINT came while it started
+                attempt_process.signal(signal.SIGTERM)
             status = attempt_process.wait()
             attempt_process = None
             elapsed = time.monotonic() - started
@@ -113,7 +114,7 @@ class _Attempt:
         os.unlink(ready)
         self.ready_file = Path(ready)
         self.started = time.monotonic()
-        self.held = list(held)
+        self.held = held  # the caller's list: a signal arriving while this starts is kept
         env = {**os.environ, ATTEMPT_ENV: str(attempt), READY_FILE_ENV: ready}
         self.process = subprocess.Popen(list(command), env=env)
 
@@ -133,10 +134,8 @@ class _Attempt:
                     return self.process.wait(timeout=0.1)
                 except subprocess.TimeoutExpired:
                     pass
-                if self.held and self.ready():
-                    for signum in self.held:
-                        self.process.send_signal(signum)
-                    self.held = []
+                while self.held and self.ready():
+                    self.process.send_signal(self.held.pop(0))
         finally:
             self.ready_file.unlink(missing_ok=True)
 

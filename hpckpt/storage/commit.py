@@ -15,6 +15,7 @@ moment leaves either the old set of committed steps or the new one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
+from ..errors import NoSpaceError
 from ..model.manifest import Manifest
 
 MANIFEST_NAME = "manifest.json"
@@ -32,6 +34,7 @@ _TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
 
 DIRECTORY_MODE = 0o755  # masked by the umask, like every mode here: never world-writable
 FILE_MODE = 0o644
+SPACE_SLACK = 1 << 20  # bytes a save needs beyond its data: manifest, library metadata, alignment
 
 
 def _not_world_writable(path: Path) -> None:
@@ -39,6 +42,10 @@ def _not_world_writable(path: Path) -> None:
     mode = os.stat(path).st_mode
     if mode & stat.S_IWOTH:
         os.chmod(path, stat.S_IMODE(mode) & ~(stat.S_IWOTH | stat.S_IWGRP))
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
 
 
 def _fsync_path(path: Path) -> None:
@@ -82,12 +89,26 @@ class RunDirectory:
                 steps.append(int(match.group(1)))
         return sorted(steps)
 
-    def prepare(self, step: int) -> Path:
-        """Create an empty temporary directory for ``step`` (removing a stale one)."""
+    def prepare(self, step: int, needed_bytes: int = 0) -> Path:
+        """Create an empty temporary directory for ``step`` (removing a stale one).
+
+        Raises :class:`~hpckpt.errors.NoSpaceError`, creating nothing, when the file
+        system has less than ``needed_bytes`` plus :data:`SPACE_SLACK` free.
+        """
         self.root.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
         temp = self.temp_path(step)
         if temp.exists():
             shutil.rmtree(temp)
+        free = shutil.disk_usage(self.root).free
+        if needed_bytes and free < needed_bytes + SPACE_SLACK:
+            steps = self.committed_steps()
+            kept = f"committed steps {', '.join(map(str, steps))} are intact" if steps else "no step is committed yet"
+            raise NoSpaceError(
+                errno.ENOSPC,
+                f"no space left for step {step} in {self.root}: it needs {_mib(needed_bytes + SPACE_SLACK)} "
+                f"(data and metadata) and the file system has {_mib(free)} free; nothing was written and the "
+                f"{kept} (free space, or keep fewer steps)",
+            )
         temp.mkdir(mode=DIRECTORY_MODE)
         return temp
 
