@@ -13,9 +13,11 @@ from .errors import (
     HpckptError,
     InvalidStateError,
     NoSpaceError,
+    PickleWarning,
     StateMismatchError,
+    UnsafeLoadError,
 )
-from .model.leaves import Distributed, Local, Replicated
+from .model.leaves import Distributed, Local, Pickled, Replicated
 from .schedule import Schedule
 
 __version__ = "0.1.0"
@@ -31,8 +33,11 @@ __all__ = [
     "InvalidStateError",
     "Local",
     "NoSpaceError",
+    "PickleWarning",
+    "Pickled",
     "Replicated",
     "Schedule",
     "StateMismatchError",
+    "UnsafeLoadError",
     "__version__",
 ]

@@ -11,8 +11,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._comm import run_phase
-from .errors import CheckpointFallbackWarning, CollectiveError
+from .errors import CheckpointFallbackWarning, CollectiveError, PickleWarning, UnsafeLoadError
 from .levels.store import NodeLocalStore, default_local_root
+from .model.leaves import Pickled
+from .model.tree import flatten
 from .protocols import PROTOCOLS
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
@@ -311,7 +313,9 @@ class Checkpointer:
         """Finish every non-blocking save; raise the first error among them. Collective."""
         self._settle(wait=True)
 
-    def restore(self, state: Any, *, local_from: Callable[[int], int] | None = None) -> int | None:
+    def restore(
+        self, state: Any, *, local_from: Callable[[int], int] | None = None, allow_pickle: bool = False
+    ) -> int | None:
         """Fill ``state`` from the newest committed step that verifies.
 
         Collective over ``comm``. Arrays in the tree are filled in place; plain values
@@ -331,6 +335,10 @@ class Checkpointer:
         local_from
             ``local_from(rank)`` is the writer rank whose Local blocks ``rank``
             takes (for example ``lambda rank: rank % 4`` after 4 ranks wrote).
+        allow_pickle
+            Unpickle the :class:`~hpckpt.Pickled` leaves of ``state`` (with a
+            :class:`~hpckpt.errors.PickleWarning`). Unpickling runs code named in the
+            file: give it only for checkpoints you trust.
 
         Returns
         -------
@@ -347,9 +355,22 @@ class Checkpointer:
         CorruptCheckpointError
             On every rank, when no committed step verifies.
         CollectiveError
-            Uncoordinated: on every rank, when any rank could not restore its own.
+            Uncoordinated: on every rank, when any rank could not restore its own; and
+            on every rank, naming :class:`~hpckpt.errors.UnsafeLoadError`, when the
+            state holds Pickled leaves without ``allow_pickle=True``.
         """
         self._settle(wait=True)
+        pickled = run_phase(self._comm, "restore: pickled leaves", lambda: pickled_leaves(state, allow_pickle))
+        step = self._restore_arrays(state, local_from)
+        if step is not None and pickled:
+            if self._comm.rank == 0:
+                names = ", ".join(repr(path) for path, _ in pickled)
+                warnings.warn(f"unpickling {names} of step {step} (allow_pickle=True): this runs code named in "
+                              "the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=2)
+            run_phase(self._comm, f"restore step {step}: unpickle", lambda: [leaf.unpickle() for _, leaf in pickled])
+        return step
+
+    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
         if self._local is not None:
             return self._restore_multilevel(state)
         if self._rank is not None:
@@ -428,3 +449,15 @@ class Checkpointer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close(drain=exc_type is None)  # no collective drain while an error unwinds one rank
+
+
+def pickled_leaves(state: Any, allow_pickle: bool) -> list[tuple[str, Pickled]]:
+    """The Pickled leaves of ``state`` by path; UnsafeLoadError if any and not allowed."""
+    found = [(slot.path, slot.value) for slot in flatten(state) if isinstance(slot.value, Pickled)]
+    if found and not allow_pickle:
+        raise UnsafeLoadError(
+            f"the state holds hpckpt.Pickled leaves ({', '.join(repr(path) for path, _ in found)}); restoring them "
+            "unpickles data from the checkpoint, which can run any code. Pass allow_pickle=True to "
+            "Checkpointer.restore only for checkpoints you trust"
+        )
+    return found

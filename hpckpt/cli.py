@@ -168,6 +168,7 @@ def _inspect(args: argparse.Namespace) -> int:
             "shape": list(record.global_shape) if record.global_shape is not None else None,
             "blocks": [{"rank": b.rank, "offset": list(b.offset), "shape": list(b.shape)} for b in record.blocks],
             "location": record.location,
+            "encoding": record.encoding,
         })  # fmt: skip
     summary = {
         "step": manifest.step,
@@ -182,14 +183,17 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
-    total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+    total = sum(record.nbytes for record in manifest.leaves)
     print(
         f"step {manifest.step}: backend {manifest.backend}, protocol {manifest.protocol}, "
         f"{manifest.world_size} ranks, committed {_when(manifest.committed)}, {human_bytes(total)} of arrays"
     )
     for leaf in leaves:
         shape = tuple(leaf["shape"]) if leaf["shape"] is not None else "per rank"
-        print(f"  {leaf['path']}: {leaf['kind']} {leaf['dtype']} {shape}")
+        if leaf["encoding"] == "pickle":
+            print(f"  {leaf['path']}: {leaf['kind']} pickled object (bytes shown, never unpickled here)")
+        else:
+            print(f"  {leaf['path']}: {leaf['kind']} {leaf['dtype']} {shape}")
         for block in leaf["blocks"]:
             where = _box(block["offset"], block["shape"]) if leaf["kind"] == "distributed" else tuple(block["shape"])
             print(f"      rank {block['rank']}: {where}")

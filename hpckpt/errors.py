@@ -29,6 +29,10 @@ class NoSpaceError(HpckptError, OSError):
     """The file system lacks the space a save needs; nothing was written."""
 
 
+class UnsafeLoadError(HpckptError, PermissionError):
+    """Restoring would unpickle stored data, and ``allow_pickle=True`` was not given."""
+
+
 class CollectiveError(HpckptError, RuntimeError):
     """One or more ranks failed in a collective phase; raised identically on every rank.
 
@@ -53,6 +57,10 @@ class CollectiveError(HpckptError, RuntimeError):
 
     def __reduce__(self):  # keep pickling (e.g. multiprocessing) working
         return (type(self), (self.phase, self.failures, self.size))
+
+
+class PickleWarning(UserWarning):
+    """Stored data is being unpickled (``allow_pickle=True``): it can run code from the file."""
 
 
 class CheckpointFallbackWarning(UserWarning):

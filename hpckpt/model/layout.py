@@ -27,6 +27,7 @@ class LeafPlan:
     offset: tuple[int, ...]
     global_shape: tuple[int, ...] | None
     checksum: str
+    encoding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,11 @@ def _check_same_tree(reference: RankPlan, plan: RankPlan, rank: int) -> None:
 def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
     first = per_rank[0]
     for rank, leaf in enumerate(per_rank):
+        if leaf.encoding != first.encoding:
+            raise InvalidStateError(
+                f"{first.kind} leaf {first.path!r} is {_encoding_name(first.encoding)} on rank 0 "
+                f"but {_encoding_name(leaf.encoding)} on rank {rank}"
+            )
         if leaf.dtype != first.dtype:
             raise InvalidStateError(
                 f"{first.kind} leaf {first.path!r} has dtype {first.dtype} on rank 0 but {leaf.dtype} on rank {rank}"
@@ -104,4 +110,8 @@ def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
     blocks = tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum) for rank, leaf in enumerate(per_rank))
     if first.kind == "distributed":
         check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
-    return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks)
+    return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
+
+
+def _encoding_name(encoding: str | None) -> str:
+    return "an hpckpt.Pickled object" if encoding == "pickle" else "an array"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import operator
+import pickle
 from typing import Any
+
+import numpy as np
 
 from ..errors import InvalidStateError
 
@@ -55,10 +58,46 @@ class Local(_WholeArrayLeaf):
     """
 
     kind = "local"
+    encoding: str | None = None  # how the bytes of the array are to be read ("pickle": Pickled)
 
     def __init__(self, array: Any, *, resizable: bool = False) -> None:
         super().__init__(array)
         self.resizable = resizable
+
+
+class Pickled(Local):
+    """A per-rank Python object, stored as its pickle (a Local array of bytes).
+
+    For objects that have no array form (an optimizer's Python state, a dict of sets).
+    Each save pickles ``value`` afresh. Unpickling can run code stored in the file, so
+    :meth:`~hpckpt.Checkpointer.restore` refuses a state holding a Pickled leaf unless
+    given ``allow_pickle=True``, and then warns; nothing else in hpckpt ever unpickles.
+
+    Parameters
+    ----------
+    value
+        The object (any picklable object); after a restore, the restored object.
+    """
+
+    encoding = "pickle"
+
+    def __init__(self, value: Any = None) -> None:
+        super().__init__(np.empty(0, dtype=np.uint8), resizable=True)
+        self.value = value
+
+    def pickle(self) -> np.ndarray:
+        """Pickle ``value`` into ``array`` (the bytes a save writes) and return it."""
+        self.array = np.frombuffer(pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        self.shape = self.array.shape
+        return self.array
+
+    def unpickle(self) -> Any:
+        """Set ``value`` from ``array`` (restored bytes). Runs code the bytes name: trusted data only."""
+        self.value = pickle.loads(self.array.tobytes())  # noqa: S301 - opt-in, see the class docstring
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"Pickled({type(self.value).__name__})"
 
 
 class Replicated(_WholeArrayLeaf):

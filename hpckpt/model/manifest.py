@@ -52,6 +52,7 @@ class LeafRecord:
     global_shape: tuple[int, ...] | None
     blocks: tuple[Block, ...]
     location: dict[str, Any] = field(default_factory=dict)
+    encoding: str | None = None  # "pickle": the bytes of an hpckpt.Pickled object
 
     @property
     def itemsize(self) -> int:
@@ -158,6 +159,9 @@ def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
     if dtype.kind not in STORABLE_DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
         raise ValueError(f"leaf {leaf.get('path')!r} has dtype {dtype}, which hpckpt never writes")
     global_shape = leaf["global_shape"]
+    encoding = leaf.get("encoding")
+    if encoding not in (None, "pickle") or (encoding and (leaf["kind"] != "local" or dtype != np.uint8)):
+        raise ValueError(f"leaf {leaf.get('path')!r} has encoding {encoding!r}; hpckpt writes only 'pickle' (local uint8)")
     for block in leaf["blocks"]:
         if any(int(n) < 0 for n in list(block["shape"]) + list(block["offset"])):
             raise ValueError(f"leaf {leaf.get('path')!r} has a block with a negative shape or offset")
@@ -182,4 +186,5 @@ def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
             for block in leaf["blocks"]
         ),
         location=_location({str(k): v for k, v in leaf.get("location", {}).items()}, f"leaf {leaf['path']!r} location"),
+        encoding=encoding,
     )

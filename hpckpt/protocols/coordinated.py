@@ -28,7 +28,7 @@ from .._comm import describe_failure, gather_phase, run_phase
 from ..buffers.host import as_host_array
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import InvalidStateError
-from ..model.leaves import ARRAY_LEAF_TYPES
+from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
 from ..model.layout import LeafPlan, RankPlan, merge_plans
 from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import flatten
@@ -63,6 +63,8 @@ def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
         if not isinstance(leaf, ARRAY_LEAF_TYPES):
             values[slot.path] = leaf
             continue
+        if isinstance(leaf, Pickled):
+            leaf.pickle()
         host = as_host_array(leaf.array, slot.path)
         arrays[slot.path] = host
         is_distributed = leaf.kind == "distributed"
@@ -75,6 +77,7 @@ def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
                 offset=leaf.offset if is_distributed else (),
                 global_shape=leaf.global_shape if is_distributed else None,
                 checksum=block_checksum(host),
+                encoding=getattr(leaf, "encoding", None),
             )
         )
     return RankPlan(tuple(leaves), values), arrays

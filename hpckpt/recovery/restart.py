@@ -208,6 +208,10 @@ def _differences(
         if record.kind != leaf.kind:
             found.append(f"leaf {slot.path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint")
             continue
+        if record.encoding != getattr(leaf, "encoding", None):
+            stored_as = "an hpckpt.Pickled object" if record.encoding == "pickle" else "an array"
+            found.append(f"leaf {slot.path!r} is {stored_as} in the checkpoint; restore it into the same kind of leaf")
+            continue
         dtype = host_dtype(leaf.array, slot.path)
         if dtype != np.dtype(record.dtype):
             found.append(f"leaf {slot.path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")

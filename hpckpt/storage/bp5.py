@@ -71,7 +71,12 @@ def stores_bytes(dtype: str) -> bool:
 
 
 def _stored_view(array: np.ndarray, as_bytes: bool) -> np.ndarray:
-    """``array`` (C-contiguous) as ADIOS2 stores it, sharing its memory."""
+    """``array`` (C-contiguous) as ADIOS2 stores it, sharing its memory.
+
+    The ADIOS2 bindings take writable buffers only: a read-only array is copied.
+    """
+    if not array.flags.writeable:
+        array = array.copy()
     view = array.reshape(array.shape or (1,))
     return view.view(np.uint8).reshape(view.shape + (array.itemsize,)) if as_bytes else view
 

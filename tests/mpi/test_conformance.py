@@ -89,6 +89,27 @@ def test_round_trip_of_every_leaf_kind(comm, run_dir, backend):
     assert target["history"][1] == 1 and target["step_info"]["name"] == "run-1"
 
 
+def test_read_only_arrays_are_saved(comm, run_dir, backend):
+    """Arrays over immutable memory (np.frombuffer of bytes, read-only flags) save unchanged."""
+    rows = np.frombuffer((np.arange(6.0) + comm.rank).tobytes(), dtype=np.float64).reshape(2, 3)
+    table = np.arange(4, dtype=np.int16)
+    table.flags.writeable = False
+    saved = {
+        "u": hpckpt.Distributed(rows, global_shape=(2 * comm.size, 3), offset=(2 * comm.rank, 0)),
+        "table": hpckpt.Replicated(table),
+        "mine": hpckpt.Local(np.frombuffer(bytes([comm.rank] * 5), dtype=np.uint8)),
+    }
+    with hpckpt.Checkpointer(run_dir, comm=comm, **backend) as checkpointer:
+        checkpointer.save(1, saved)
+        target = {
+            "u": hpckpt.Distributed(np.zeros((2, 3)), global_shape=(2 * comm.size, 3), offset=(2 * comm.rank, 0)),
+            "table": hpckpt.Replicated(np.zeros(4, dtype=np.int16)),
+            "mine": hpckpt.Local(np.zeros(5, dtype=np.uint8)),
+        }
+        assert checkpointer.restore(target) == 1
+    assert_same(saved, target)
+
+
 def test_many_small_leaves(world, mpi_tmp_path, backend):
     def state(seed):
         rng = np.random.default_rng([seed, world.rank])

@@ -94,7 +94,7 @@ def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field,
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["path", "kind", "dtype", "global_shape", "blocks", "location"]), JSON_VALUES)
+@given(st.sampled_from(["path", "kind", "dtype", "global_shape", "blocks", "location", "encoding"]), JSON_VALUES)
 def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
     body = json.loads(make_manifest().to_json())
     body["leaves"][0][field] = value
@@ -125,3 +125,16 @@ def test_object_and_record_dtypes_are_refused():
         body["leaves"][0]["dtype"] = dtype
         with pytest.raises(CorruptCheckpointError, match="evil.json: not a valid hpckpt manifest"):
             Manifest.from_json(json.dumps(body), "evil.json")
+
+
+@pytest.mark.parametrize(
+    ("leaf", "encoding"), [(0, "pickle"), (1, "pickle"), (1, "marshal"), (1, 3)]
+)
+def test_only_local_bytes_can_be_marked_pickled(leaf, encoding):
+    body = json.loads(make_manifest().to_json())
+    body["leaves"][leaf]["encoding"] = encoding  # leaf 0 is distributed float64, leaf 1 local uint32
+    with pytest.raises(CorruptCheckpointError, match="hpckpt writes only 'pickle' \\(local uint8\\)"):
+        Manifest.from_json(json.dumps(body), "evil.json")
+    body["leaves"][1]["dtype"], body["leaves"][1]["encoding"] = "|u1", "pickle"
+    if encoding == "pickle" and leaf == 1:
+        assert Manifest.from_json(json.dumps(body), "ok.json").leaves[1].encoding == "pickle"
