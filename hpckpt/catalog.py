@@ -83,6 +83,7 @@ class CheckpointReader:
         if not self.run_dir.root.is_dir():
             raise FileNotFoundError(f"{self.run_dir.root} is not a directory")
         self._backends: dict[str, Backend] = {}
+        self._intact_files: set[int] = set()  # steps whose files were checked
 
     def entries(self) -> list[StepEntry]:
         """Every step directory (committed, corrupt or incomplete), oldest step first."""
@@ -101,7 +102,7 @@ class CheckpointReader:
             except CorruptCheckpointError as exc:
                 found.append(StepEntry(step, "corrupt", path, size, None, str(exc)))
                 continue
-            problems = self.run_dir.missing_or_resized(step, manifest.files)
+            problems = self.run_dir.damaged_files(manifest)
             status = "corrupt" if problems else "committed"
             found.append(StepEntry(step, status, path, size, manifest, problems[0] if problems else None))
         return sorted(found, key=lambda e: (e.step, e.status != "committed"))
@@ -141,7 +142,16 @@ class CheckpointReader:
         return self._backends[name]
 
     def read_block(self, record: LeafRecord, block: Block, step: int, *, backend: str) -> np.ndarray:
-        """One stored block, checked against its checksum (CorruptCheckpointError if not)."""
+        """One stored block, checked against its checksum (CorruptCheckpointError if not).
+
+        The step's files are checked first (sizes, metadata checksums), once per step, so
+        an I/O library never parses a damaged file.
+        """
+        if step not in self._intact_files:
+            problems = self.run_dir.damaged_files(self.manifest(step))
+            if problems:
+                raise CorruptCheckpointError(f"step {step}: " + "; ".join(problems))
+            self._intact_files.add(step)
         array = np.empty(block.shape, dtype=record.dtype)
         if block.size:
             self._backend(backend).read(self.run_dir.step_path(step), [BlockData(record, block, array)])
@@ -188,7 +198,7 @@ class CheckpointReader:
         called after each block.
         """
         manifest = self.manifest(step)
-        problems = self.run_dir.missing_or_resized(step, manifest.files)
+        problems = self.run_dir.damaged_files(manifest)
         if problems:
             return [Finding("", -1, problem.split(" ")[0], problem) for problem in problems]
         findings = []

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import xxhash
 
 ALGORITHM = "xxh3_64"
+
+
+def file_checksum(path: str | os.PathLike[str]) -> str:
+    """Return the hex ``xxh3_64`` digest of a whole file's bytes (read in 4 MiB pieces)."""
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as handle:
+        for piece in iter(lambda: handle.read(4 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def block_checksum(array: np.ndarray) -> str:

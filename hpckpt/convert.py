@@ -60,5 +60,11 @@ def convert_step(
                 progress(array.nbytes)
     temp = target_dir.prepare(step)
     files = backend.write(MPI.COMM_SELF, temp, records, blocks)
-    converted = replace(manifest, backend=backend.name, leaves=records, files=dict.fromkeys(files))
+    converted = replace(
+        manifest,
+        backend=backend.name,
+        leaves=records,
+        files=dict.fromkeys(files),
+        file_checksums=dict.fromkeys(backend.metadata_files(files)),
+    )
     return target_dir.commit(converted)

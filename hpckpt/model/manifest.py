@@ -8,6 +8,7 @@ block lives, and the block's checksum.
 from __future__ import annotations
 
 import json
+import re
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -94,6 +95,7 @@ class Manifest:
     committed: float
     files: dict[str, int | None] = field(default_factory=dict)
     metric: float | None = None
+    file_checksums: dict[str, str | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
         """Serialise to JSON text (sorted keys, one manifest per file)."""
@@ -130,6 +132,7 @@ class Manifest:
                 committed=float(body["committed"]),
                 files={safe_name(name, "file"): None if size is None else int(size) for name, size in body["files"].items()},
                 metric=None if body.get("metric") is None else float(body["metric"]),
+                file_checksums=_file_checksums(body.get("file_checksums", {}), body["files"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
@@ -142,6 +145,17 @@ def safe_name(name: Any, what: str) -> str:
     if any(part in ("", ".", "..") for part in name.split("/")):
         raise ValueError(f"{what} {name!r} leaves the step directory or is not normalised")
     return name
+
+
+def _file_checksums(raw: Any, files: Any) -> dict[str, str]:
+    checksums = {}
+    for name, digest in dict(raw).items():
+        if name not in files:
+            raise ValueError(f"file checksum for {name!r}, which is not a file of the step")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{1,64}", digest):
+            raise ValueError(f"file checksum of {name!r} is {digest!r}, not a hex digest")
+        checksums[safe_name(name, "file")] = digest
+    return checksums
 
 
 def _location(raw: Any, what: str) -> dict[str, Any]:

@@ -165,6 +165,7 @@ def save_coordinated(
         committed=time.time(),
         files=dict.fromkeys(files),
         metric=None if metric is None else float(metric),
+        file_checksums=dict.fromkeys(backend.metadata_files(files)),
     )
 
     def commit() -> None:

@@ -117,7 +117,7 @@ def restore_newest(
         _raise_on_differences(step, source, differences)
         damaged = gather_phase(
             comm, f"restore step {step}: files",
-            lambda: run_dir.missing_or_resized(step, manifest.files) if comm.rank == 0 else [],
+            lambda: run_dir.damaged_files(manifest) if comm.rank == 0 else [],
         )[0]
         if damaged:
             problems.append(f"step {step}: {damaged[0]}")

@@ -59,3 +59,8 @@ class Backend(Protocol):
 
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
         """Fill each request's ``array`` with its stored block. Independent, per rank."""
+
+    def metadata_files(self, files: Sequence[str]) -> list[str]:
+        """The files among ``files`` (from :meth:`write`) that the library parses but no
+        block checksum covers (indexes, metadata). The commit checksums them whole and
+        restore checks them before the library opens the step. Pure."""

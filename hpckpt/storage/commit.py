@@ -24,6 +24,7 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
+from ..checksum import file_checksum
 from ..errors import NoSpaceError
 from ..model.manifest import Manifest
 
@@ -115,8 +116,9 @@ class RunDirectory:
     def commit(self, manifest: Manifest) -> Path:
         """Make ``manifest.step`` durable and visible: fsync, manifest last, rename.
 
-        The sizes of ``manifest.files`` are recorded as committed. A committed step of
-        the same number (saved again after a restart) is replaced.
+        The sizes of ``manifest.files`` are recorded as committed, and the checksums of
+        the files named in ``manifest.file_checksums``. A committed step of the same
+        number (saved again after a restart) is replaced.
         """
         step = manifest.step
         temp = self.temp_path(step)
@@ -126,7 +128,8 @@ class RunDirectory:
             _not_world_writable(temp / name)
             status = os.stat(temp / name)
             sizes[name] = None if stat.S_ISDIR(status.st_mode) else status.st_size
-        manifest = replace(manifest, files=sizes)
+        checksums = {name: file_checksum(temp / name) for name in manifest.file_checksums}
+        manifest = replace(manifest, files=sizes, file_checksums=checksums)
         manifest_file = temp / MANIFEST_NAME
         descriptor = os.open(manifest_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         with open(descriptor, "w", encoding="utf-8") as handle:
@@ -167,11 +170,12 @@ class RunDirectory:
                 shutil.rmtree(entry.path, ignore_errors=True)
         return doomed
 
-    def missing_or_resized(self, step: int, files: dict[str, int | None]) -> list[str]:
-        """What is wrong with step ``step``'s files: missing, or not of their committed size."""
+    def damaged_files(self, manifest: Manifest) -> list[str]:
+        """What is wrong with the step's files: missing, not of their committed size, or
+        (metadata files) not of their committed checksum. Reads only those metadata files."""
         problems = []
-        for name, size in files.items():
-            path = self.step_path(step) / name
+        for name, size in manifest.files.items():
+            path = self.step_path(manifest.step) / name
             try:
                 status = os.stat(path)
             except OSError as exc:
@@ -179,6 +183,14 @@ class RunDirectory:
                 continue
             if size is not None and status.st_size != size:
                 problems.append(f"{path} has {status.st_size} bytes, but {size} were committed")
+            elif name in manifest.file_checksums:
+                try:
+                    digest = file_checksum(path)
+                except OSError as exc:
+                    problems.append(f"{path} cannot be read ({exc.strerror})")
+                    continue
+                if digest != manifest.file_checksums[name]:
+                    problems.append(f"{path} does not match its committed checksum (metadata file changed)")
         return problems
 
     def _best_steps(self, steps: list[int], count: int, best: str) -> list[int]:

@@ -83,7 +83,7 @@ def test_any_text_is_a_manifest_or_a_clear_error(text):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["step", "world_size", "files", "values", "leaves", "created"]), JSON_VALUES)
+@given(st.sampled_from(["step", "world_size", "files", "values", "leaves", "created", "file_checksums"]), JSON_VALUES)
 def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field, value):
     body = json.loads(make_manifest().to_json())
     body[field] = value
@@ -138,3 +138,15 @@ def test_only_local_bytes_can_be_marked_pickled(leaf, encoding):
     body["leaves"][1]["dtype"], body["leaves"][1]["encoding"] = "|u1", "pickle"
     if encoding == "pickle" and leaf == 1:
         assert Manifest.from_json(json.dumps(body), "ok.json").leaves[1].encoding == "pickle"
+
+
+@pytest.mark.parametrize(
+    ("checksums", "problem"),
+    [({"other.bin": "ab12"}, "not a file of the step"), ({"data.h5": "XYZ"}, "not a hex digest"),
+     ({"data.h5": 7}, "not a hex digest")],
+)
+def test_file_checksums_name_files_of_the_step(checksums, problem):
+    body = json.loads(make_manifest().to_json())
+    body["file_checksums"] = checksums
+    with pytest.raises(CorruptCheckpointError, match=problem):
+        Manifest.from_json(json.dumps(body), "evil.json")
