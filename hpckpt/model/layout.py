@@ -28,6 +28,7 @@ class LeafPlan:
     global_shape: tuple[int, ...] | None
     checksum: str
     encoding: str | None = None
+    stored_bytes: int | None = None  # compressed by the backend: the bytes it stores
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,11 @@ def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
                 f"(shape {leaf.shape}); replicated arrays must be identical on every rank"
             )
     if first.kind == "replicated":
-        blocks = (Block(0, (0,) * len(first.shape), first.shape, first.checksum),)
-        return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks)
-    blocks = tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum) for rank, leaf in enumerate(per_rank))
+        blocks = (Block(0, (0,) * len(first.shape), first.shape, first.checksum, _stored(first)),)
+        return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks, encoding=first.encoding)
+    blocks = tuple(
+        Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf)) for rank, leaf in enumerate(per_rank)
+    )
     if first.kind == "distributed":
         check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
     return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
@@ -115,3 +118,8 @@ def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
 
 def _encoding_name(encoding: str | None) -> str:
     return "an hpckpt.Pickled object" if encoding == "pickle" else "an array"
+
+
+def _stored(leaf: LeafPlan) -> dict[str, int]:
+    """The block's starting location: its stored size when the backend compresses."""
+    return {} if leaf.stored_bytes is None else {"stored_bytes": leaf.stored_bytes}

@@ -50,10 +50,13 @@ class SaveReport:
     deleted_steps: tuple[int, ...]
 
 
-def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
-    """Flatten ``state`` and stage its arrays: this rank's plan and host arrays.
+def plan_local(
+    state: Any, encode: Callable[[np.ndarray], np.ndarray] | None = None
+) -> tuple[RankPlan, dict[str, np.ndarray]]:
+    """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
-    Not collective.
+    Not collective. ``encode`` (a backend's compression) turns each host array into
+    the bytes stored for it; checksums are of the arrays themselves.
     """
     leaves = []
     arrays: dict[str, np.ndarray] = {}
@@ -66,7 +69,8 @@ def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
         if isinstance(leaf, Pickled):
             leaf.pickle()
         host = as_host_array(leaf.array, slot.path)
-        arrays[slot.path] = host
+        stored = host if encode is None else encode(host)
+        arrays[slot.path] = stored
         is_distributed = leaf.kind == "distributed"
         leaves.append(
             LeafPlan(
@@ -78,6 +82,7 @@ def plan_local(state: Any) -> tuple[RankPlan, dict[str, np.ndarray]]:
                 global_shape=leaf.global_shape if is_distributed else None,
                 checksum=block_checksum(host),
                 encoding=getattr(leaf, "encoding", None),
+                stored_bytes=None if stored is host else stored.nbytes,
             )
         )
     return RankPlan(tuple(leaves), values), arrays
@@ -128,7 +133,7 @@ def save_coordinated(
 
     def plan() -> tuple[int, RankPlan]:
         faults.point("save.plan")
-        rank_plan, arrays = plan_local(state)
+        rank_plan, arrays = plan_local(state, getattr(backend, "encode", None))
         staged.update(arrays)
         return step, rank_plan
 

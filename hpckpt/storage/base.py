@@ -60,6 +60,10 @@ class Backend(Protocol):
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
         """Fill each request's ``array`` with its stored block. Independent, per rank."""
 
+    # Optional: ``encode(array) -> np.ndarray``, the bytes stored for a block (compression),
+    # called on each rank before the layout; ``layout`` then finds each block's size in
+    # ``block.location["stored_bytes"]`` and ``read`` decodes (see storage/posix.py).
+
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that the library parses but no
         block checksum covers (indexes, metadata). The commit checksums them whole and

@@ -10,7 +10,10 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
   ``segment_alignment`` (1 MiB, a common Lustre stripe size, so two ranks never
   write the same stripe);
 - each block's ``location`` in the manifest is ``{"file": ..., "offset": ...}``; the
-  bytes are the C-order array in the manifest's dtype (byte order included).
+  bytes are the C-order array in the manifest's dtype (byte order included);
+- with ``compression="blosc2"`` each block is compressed on its rank before the layout
+  (:mod:`hpckpt.storage.codec`), and its location adds ``"stored_bytes"`` and
+  ``"codec"``; checksums stay those of the uncompressed data.
 
 Every rank writes its own segment with ``pwrite`` and fsyncs it; no two ranks write
 the same byte. Reads use ``preadv`` straight into the destination array.
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..model.manifest import Block, LeafRecord
+from . import codec
 from .base import BlockData
 
 if TYPE_CHECKING:
@@ -62,10 +66,21 @@ class PosixBackend:
 
     name = "posix"
 
-    def __init__(self, ranks_per_file: int = 1, block_alignment: int = 64, segment_alignment: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        ranks_per_file: int = 1,
+        block_alignment: int = 64,
+        segment_alignment: int = 1 << 20,
+        compression: str | None = None,
+    ) -> None:
         self.ranks_per_file = _positive_int("ranks_per_file", ranks_per_file)
         self.block_alignment = _positive_int("block_alignment", block_alignment)
         self.segment_alignment = _positive_int("segment_alignment", segment_alignment)
+        self.compression = codec.check_codec(compression)
+
+    def encode(self, array: np.ndarray) -> np.ndarray:
+        """The bytes stored for ``array``: compressed, or ``array`` itself. Not collective."""
+        return codec.encode(array) if self.compression else array
 
     def file_of(self, rank: int) -> str:
         """The file that holds ``rank``'s segment."""
@@ -78,7 +93,7 @@ class PosixBackend:
         for rank, record, block in _stored_blocks(records):
             start = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
             relative[(record.path, block.rank)] = start
-            segment_bytes[rank] = start + block.size * record.itemsize
+            segment_bytes[rank] = start + block.location.get("stored_bytes", block.size * record.itemsize)
         world = _world_size(records)
         segment_start: dict[int, int] = {}
         for rank in range(world):
@@ -94,7 +109,10 @@ class PosixBackend:
             for block in record.blocks:
                 rank = block.rank if record.kind != "replicated" else 0
                 offset = segment_start[rank] + relative[(record.path, block.rank)]
-                blocks.append(replace(block, location={"file": self.file_of(rank), "offset": offset}))
+                location = {"file": self.file_of(rank), "offset": offset}
+                if "stored_bytes" in block.location:
+                    location.update(stored_bytes=block.location["stored_bytes"], codec=self.compression)
+                blocks.append(replace(block, location=location))
             placed.append(replace(record, blocks=tuple(blocks)))
         return tuple(placed)
 
@@ -135,7 +153,19 @@ class PosixBackend:
                 name = request.block.location["file"]
                 if name not in descriptors:
                     descriptors[name] = os.open(directory / name, os.O_RDONLY)
-                _read_all(descriptors[name], request.array, request.block.location["offset"], directory / name)
+                location = request.block.location
+                if location.get("codec") is None:
+                    _read_all(descriptors[name], request.array, location["offset"], directory / name)
+                    continue
+                stored = np.empty(int(location["stored_bytes"]), dtype=np.uint8)
+                _read_all(descriptors[name], stored, location["offset"], directory / name)
+                try:
+                    codec.decode(stored, request.array)
+                except ValueError as exc:
+                    raise OSError(
+                        f"leaf {request.record.path!r}, block of rank {request.block.rank} in {directory / name} "
+                        f"at byte {location['offset']}: {exc}"
+                    ) from exc
         finally:
             for descriptor in descriptors.values():
                 os.close(descriptor)

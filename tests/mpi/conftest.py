@@ -33,6 +33,7 @@ BACKENDS = {
     "adios2": {"backend": "adios2"},
     "posix": {"backend": "posix"},
     "posix-shared": {"backend": "posix", "backend_options": {"ranks_per_file": 3, "segment_alignment": 4096}},
+    "posix-blosc2": {"backend": "posix", "backend_options": {"compression": "blosc2"}},
 }
 
 
