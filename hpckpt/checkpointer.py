@@ -23,6 +23,7 @@ from .schedule import Schedule
 from .recovery.restart import list_committed_steps, restore_newest
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
+from .storage.lustre import Striping, backend_defaults
 from .storage.lock import RunLock
 
 if TYPE_CHECKING:
@@ -98,6 +99,11 @@ class Checkpointer:
     schedule
         When :meth:`due` says to checkpoint (:class:`~hpckpt.schedule.Schedule`:
         every N steps, every T seconds, or Daly's interval from the measured cost).
+    striping
+        ``{"count": C, "size": S}``: stripe each new step directory over C targets in
+        stripes of S bytes (``lfs setstripe`` where ``lfs`` exists) and tune the backend
+        for it: MPI-IO hints and dataset alignment (hdf5), segment alignment (posix),
+        one aggregator per target (adios2); see ``docs/lustre.md``.
 
     Examples
     --------
@@ -128,6 +134,7 @@ class Checkpointer:
         redundancy: str | None = None,
         group_size: int = 4,
         flush_every: int = 1,
+        striping: dict[str, int] | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
@@ -143,9 +150,12 @@ class Checkpointer:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
-        self.run_dir = RunDirectory(directory)
+        stripes = Striping.of(striping)
+        self.run_dir = RunDirectory(directory, stripes)
         self.protocol = protocol
         self.keep = keep
+        if isinstance(backend, str):
+            backend_options = backend_defaults(backend, stripes, backend_options)
         self.backend = open_backend(backend, backend_options)
         self._comm: MPI.Comm | None = comm.Dup()
         self._lock = RunLock(self.run_dir.root)

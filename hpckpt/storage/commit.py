@@ -27,6 +27,7 @@ from pathlib import Path
 from ..checksum import file_checksum
 from ..errors import NoSpaceError
 from ..model.manifest import Manifest
+from .lustre import Striping, set_stripe
 
 MANIFEST_NAME = "manifest.json"
 _STEP_NAME = re.compile(r"^step-(\d{8,})$")
@@ -64,8 +65,9 @@ class RunDirectory:
     results.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], striping: Striping | None = None) -> None:
         self.root = Path(root)
+        self.striping = striping
 
     def step_path(self, step: int) -> Path:
         """The directory of committed step ``step``."""
@@ -111,6 +113,8 @@ class RunDirectory:
                 f"{kept} (free space, or keep fewer steps)",
             )
         temp.mkdir(mode=DIRECTORY_MODE)
+        if self.striping is not None:
+            set_stripe(temp, self.striping)
         return temp
 
     def commit(self, manifest: Manifest) -> Path:

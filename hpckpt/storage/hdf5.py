@@ -14,7 +14,7 @@ while reading cannot leave the others waiting in a collective call.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,12 +49,51 @@ def local_block_name(rank: int) -> str:
 
 
 class HDF5Backend:
-    """Parallel HDF5 storage (see the module docstring for the file layout)."""
+    """Parallel HDF5 storage (see the module docstring for the file layout).
+
+    Parameters
+    ----------
+    hints
+        MPI-IO hints for the files written in parallel (``cb_nodes``,
+        ``romio_cb_write``, ``striping_factor``, ``striping_unit``, ...), as strings.
+    alignment
+        Align every dataset of ``alignment_threshold`` bytes or more to a multiple of
+        this many bytes (the stripe size on Lustre). Default: ``hints["striping_unit"]``
+        if given, else no alignment.
+    alignment_threshold
+        The smallest dataset that is aligned (default 64 KiB).
+    """
 
     name = "hdf5"
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        hints: Mapping[str, str] | None = None,
+        alignment: int | None = None,
+        alignment_threshold: int = 65536,
+    ) -> None:
         self._h5py = _h5py()
+        self.hints = {str(key): str(value) for key, value in (hints or {}).items()}
+        if alignment is None and "striping_unit" in self.hints:
+            alignment = int(self.hints["striping_unit"])
+        for name, value in (("alignment", alignment), ("alignment_threshold", alignment_threshold)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"hdf5 backend: {name} must be an integer >= 1, got {value!r}")
+        self.alignment, self.alignment_threshold = alignment, alignment_threshold
+
+    def _file_options(self, comm: MPI.Comm) -> dict[str, Any]:
+        """h5py.File keywords: the mpio driver with the hints (several ranks), and alignment."""
+        options: dict[str, Any] = {}
+        if comm.size > 1:  # one process writes through the default POSIX driver
+            from mpi4py import MPI
+
+            info = MPI.Info.Create()
+            for key, value in self.hints.items():
+                info.Set(key, value)
+            options.update(driver="mpio", comm=comm, info=info)
+        if self.alignment:
+            options.update(alignment_threshold=self.alignment_threshold, alignment_interval=self.alignment)
+        return options
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
@@ -74,8 +113,7 @@ class HDF5Backend:
         h5py = self._h5py
         # One process (a rank's own checkpoint, or hpckpt convert) writes through the
         # default POSIX driver: MPI-IO on COMM_SELF only adds cost.
-        parallel = {"driver": "mpio", "comm": comm} if comm.size > 1 else {}
-        with h5py.File(directory / FILE_NAME, "w", **parallel) as h5:
+        with h5py.File(directory / FILE_NAME, "w", **self._file_options(comm)) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
             datasets = {record.path: self._create(h5, record) for record in records}
             for data in blocks:
