@@ -127,6 +127,7 @@ SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/log/slurmctld.log
+SlurmctldDebug=verbose
 SlurmdLogFile={root}/log/slurmd.log
 SlurmdParameters=config_overrides
 ReturnToService=2

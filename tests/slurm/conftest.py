@@ -78,17 +78,29 @@ class Job:
                 self.scontrol("update", f"JobId={self.job_id}", "StartTime=now")
                 self.released += 1
             time.sleep(0.2)
-        raise AssertionError(f"job {self.job_id}: not {what} after {timeout:g} s; states {self.states}\n"
-                             f"stdout:\n{self.stdout[-3000:]}\nstderr:\n{self.stderr[-3000:]}")
+        raise AssertionError(f"not {what} after {timeout:g} s: {self.report()}")
+
+    def wait_completed(self, timeout: float = 50) -> dict[str, str]:
+        """Wait for COMPLETED, the one final state a requeued job never passes through."""
+        return self.wait_until(lambda f: f["JobState"] == "COMPLETED", timeout, "COMPLETED")
 
     def wait_done(self, timeout: float = 50) -> dict[str, str]:
         """Wait for a final state that lasts: a job requeueing itself can pass through FAILED."""
         while True:
             fields = self.wait_until(lambda f: f["JobState"] in FINAL_STATES, timeout, "finished")
-            time.sleep(1.5)
+            self.wait_until(lambda _: not self.steps_alive(), timeout, "without running steps")
+            time.sleep(1.5)  # Slurm requeues a job only after its steps and epilog are done
             again = self.show()
             if again["JobState"] == fields["JobState"] and again["Restarts"] == fields["Restarts"]:
                 return again
+
+    def report(self) -> str:
+        """The job's states as seen, its fields now, and the ends of its output files."""
+        log = self.cluster.root / "log" / "slurmctld.log"
+        mentions = [line for line in log.read_text().splitlines() if f"JobId={self.job_id} " in line + " "]
+        return (f"job {self.job_id}: states {self.states}, released {self.released} times; now {self.show()}\n"
+                f"stdout:\n{self.stdout[-2000:]}\nstderr:\n{self.stderr[-3000:]}\n"
+                "slurmctld.log:\n" + "\n".join(mentions[-30:]))
 
     def heat_done(self) -> tuple[str, str]:
         """The (resumed_from, checksum) of the job's last ``heat: done`` line, which ends stdout."""

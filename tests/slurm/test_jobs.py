@@ -34,8 +34,8 @@ def test_crashed_rank_is_relaunched_in_the_allocation(slurm, tmp_path, quick_ref
     heat_args = " ".join((*QUICK, "--crash-at-iter", "55", "--crash-rank", "1"))
     job = submit(slurm, "heat-relaunch.sbatch", tmp_path, "-n", "4",
                  env={"HPCKPT_RUN_DIR": str(tmp_path / "run"), "HEAT_ARGS": heat_args, "HPCKPT_LAUNCHER": launcher})
-    fields = job.wait_done()
-    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", job.stderr
+    fields = job.wait_completed()
+    assert fields["ExitCode"] == "0:0", job.report()
     assert job.heat_done() == ("50", quick_reference)
     assert "hpckpt run: attempt 1/4 failed" in job.stderr and "attempt 2/4 succeeded" in job.stderr
 
@@ -48,8 +48,8 @@ def test_scontrol_requeue_mid_run_resumes_from_the_newest_checkpoint(slurm, tmp_
                  f"--export=ALL,HPCKPT_RUN_DIR={run_dir},HEAT_ARGS={heat_args}", env={})
     job.wait_until(lambda f: f["JobState"] == "RUNNING" and committed_steps(run_dir), 30, "running with a checkpoint")
     job.scontrol("requeue", job.job_id)
-    fields = job.wait_done()
-    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", job.stderr
+    fields = job.wait_completed()
+    assert fields["ExitCode"] == "0:0", job.report()
     assert fields["Restarts"] == "1" and job.released == 1
     stopped = re.search(r"^heat: stopped at iteration (\d+) on 2 ranks \(checkpoint step \1\): SIGTERM received$",
                         job.stdout, re.MULTILINE)
@@ -63,8 +63,8 @@ def test_time_limit_stops_with_a_checkpoint_and_the_requeued_runs_finish(slurm, 
     run_dir = tmp_path / "run"
     job = submit(slurm, "heat.sbatch", tmp_path, "-n", "2", "--time=1", "--signal=B:USR1@40",
                  env={"HPCKPT_RUN_DIR": str(run_dir), "HEAT_ARGS": " ".join(PACED), "HPCKPT_STOP_MARGIN": "50"})
-    fields = job.wait_done(timeout=55)
-    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", job.stderr
+    fields = job.wait_completed(timeout=55)
+    assert fields["ExitCode"] == "0:0", job.report()
     assert "TIMEOUT" not in job.states
     stops = re.findall(r"^heat: stopped at iteration (\d+) on 2 ranks \(checkpoint step \1\): (.*)$",
                        job.stdout, re.MULTILINE)
@@ -97,8 +97,7 @@ def test_training_job_relaunched_after_a_crash_matches_the_fault_free_run(slurm,
     job = submit(slurm, "train.sbatch", tmp_path, "-n", "2",
                  env={"HPCKPT_RUN_DIR": str(tmp_path / "run"), "HPCKPT_RESTARTS": "1", "HPCKPT_LAUNCHER": "mpiexec",
                       "TRAIN_ARGS": "--steps 120 --every 10 --crash-at-step 65 --crash-rank 1"})
-    fields = job.wait_done()
-    assert fields["JobState"] == "COMPLETED", job.stderr
+    job.wait_completed()
     last = job.stdout.strip().splitlines()[-1]
     assert last == reference.stdout.strip().splitlines()[-1].replace("resumed_from=none", "resumed_from=60")
     assert "attempt 1/2 failed" in job.stderr
