@@ -76,9 +76,16 @@ def abort_on_exception(main: Callable[[], int | None]) -> int:
 
     Used by the ``python -m`` entry points of MPI programs, so that one failing rank
     ends the job with a clear message instead of leaving the others in a collective.
+    A :class:`~hpckpt.errors.CollectiveError` is raised on every rank alike, so nobody
+    is left waiting: each rank prints it and returns 1 for a normal exit (MPI_Abort
+    could cut the job's output before the message is forwarded).
     """
     try:
         return int(main() or 0)
+    except CollectiveError:
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code == 0:
