@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 T = TypeVar("T")
+_FORWARD_GRACE = 0.5  # seconds before MPI_Abort, for mpiexec to forward the last output
 
 
 def describe_failure(exc: BaseException, rank: int) -> str:
@@ -99,11 +101,21 @@ def abort_on_exception(main: Callable[[], int | None]) -> int:
     return 1
 
 
-def _abort(code: int) -> None:
+def abort_job(comm: MPI.Comm, code: int) -> None:
+    """Flush this rank's output, give the launcher a moment to forward it, then MPI_Abort.
+
+    MPI_Abort kills every process at once; output still in a pipe to ``mpiexec`` is lost.
+    """
     sys.stderr.flush()
     sys.stdout.flush()
+    time.sleep(_FORWARD_GRACE)
+    comm.Abort(code)
+
+
+def _abort(code: int) -> None:
     from mpi4py import MPI
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.size > 1:
-        MPI.COMM_WORLD.Abort(code)
+        abort_job(MPI.COMM_WORLD, code)
+    sys.stderr.flush()
     raise SystemExit(code)

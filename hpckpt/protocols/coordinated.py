@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import describe_failure, gather_phase, run_phase
+from .._comm import abort_job, describe_failure, gather_phase, run_phase
 from ..buffers.host import as_host_array
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import InvalidStateError
@@ -204,5 +204,4 @@ def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> 
         file=sys.stderr,
     )
     traceback.print_exc()
-    sys.stderr.flush()
-    comm.Abort(1)
+    abort_job(comm, 1)
