@@ -84,11 +84,20 @@ class Pickled(Local):
     def __init__(self, value: Any = None) -> None:
         super().__init__(np.empty(0, dtype=np.uint8), resizable=True)
         self.value = value
+        self._frozen = False
+
+    @classmethod
+    def of_bytes(cls, data: np.ndarray) -> Pickled:
+        """A leaf holding already pickled ``data`` (a non-blocking save's snapshot)."""
+        leaf = cls()
+        leaf.array, leaf.shape, leaf._frozen = data, data.shape, True
+        return leaf
 
     def pickle(self) -> np.ndarray:
         """Pickle ``value`` into ``array`` (the bytes a save writes) and return it."""
-        self.array = np.frombuffer(pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-        self.shape = self.array.shape
+        if not self._frozen:
+            self.array = np.frombuffer(pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            self.shape = self.array.shape
         return self.array
 
     def unpickle(self) -> Any:

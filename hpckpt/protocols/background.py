@@ -25,7 +25,7 @@ import numpy as np
 
 from ..buffers.device import STAGER, device_layout, is_device_array
 from ..buffers.host import as_host_array
-from ..model.leaves import Distributed, Local, Replicated
+from ..model.leaves import Distributed, Local, Pickled, Replicated
 from .coordinated import SaveReport
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ def snapshot(state: Any, buffers: dict[str, np.ndarray], prefix: str = "") -> An
         return [snapshot(value, buffers, f"{prefix}/{index}") for index, value in enumerate(state)]
     if isinstance(state, Distributed):
         return Distributed(_stage(state.array, prefix, buffers), global_shape=state.global_shape, offset=state.offset)
+    if isinstance(state, Pickled):  # pickled now: later changes to the object are not saved
+        return Pickled.of_bytes(_stage(state.pickle(), prefix, buffers))
     if isinstance(state, Local):
         return Local(_stage(state.array, prefix, buffers), resizable=state.resizable)
     if isinstance(state, Replicated):

@@ -74,3 +74,16 @@ def test_a_pickled_leaf_restores_only_into_a_pickled_leaf(world, mpi_tmp_path):
         as_bytes["extra"] = hpckpt.Local(np.zeros(8, dtype=np.uint8), resizable=True)
         with pytest.raises(hpckpt.StateMismatchError, match="leaf 'extra' is an hpckpt.Pickled object in the checkpoint"):
             checkpointer.restore(as_bytes)
+
+
+def test_a_non_blocking_save_keeps_the_object_as_it_was_when_save_returned(world, mpi_tmp_path):
+    mine = {"rank": world.rank, "history": [1, 2]}
+    with hpckpt.Checkpointer(mpi_tmp_path / "async", comm=world) as checkpointer:
+        checkpointer.save(3, state_with(world, mine), blocking=False)
+        mine["history"].append(99)  # after save returned: not in step 3
+        checkpointer.wait()
+        restored = state_with(world, None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hpckpt.PickleWarning)
+            assert checkpointer.restore(restored, allow_pickle=True) == 3
+    assert restored["extra"].value == {"rank": world.rank, "history": [1, 2]}
