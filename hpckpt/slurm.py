@@ -36,6 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from ._comm import gather_phase
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -131,10 +133,10 @@ class JobControl:
         self._received: int = 0
         self._longest_step = 0.0
         self._last_call: float | None = None
+        if end_time is None:  # rank 0 asks; a bad HPCKPT_END_TIME then fails on every rank, no rank waits
+            end_time = gather_phase(comm, "read the job's end time", lambda: job_end_time() if comm.rank == 0 else None)[0]
+        self.end_time: float | None = end_time
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.signals}
-        if end_time is None and comm.rank == 0:
-            end_time = job_end_time()
-        self.end_time: float | None = comm.bcast(end_time, root=0)
         comm.Barrier()  # every rank's handlers are in place
         ready = os.environ.get(READY_FILE_ENV)
         if ready and comm.rank == 0:

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import hpckpt
 from hpckpt.slurm import JobControl, parse_time_left, signal_number
 
 MPI = pytest.importorskip("mpi4py.MPI")
@@ -77,3 +78,9 @@ def test_ready_file_tells_hpckpt_run_the_handlers_are_in_place(monkeypatch, tmp_
 def test_bad_margin_is_an_error():
     with pytest.raises(ValueError, match="the stop margin must be >= 0 seconds, got -1"):
         JobControl(MPI.COMM_SELF, margin=-1)
+
+
+def test_a_bad_end_time_is_an_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("HPCKPT_END_TIME", "tomorrow")
+    with pytest.raises(hpckpt.CollectiveError, match="HPCKPT_END_TIME='tomorrow' is not a Unix time"):
+        JobControl(MPI.COMM_SELF)
