@@ -20,6 +20,7 @@ import numpy as np
 from .checksum import ALGORITHM, block_checksum
 from .errors import CorruptCheckpointError
 from .model.boxes import local_slices
+from .model.delta import home_step
 from .model.manifest import Block, LeafRecord, Manifest
 from .storage import open_backend
 from .storage.base import Backend, BlockData
@@ -120,13 +121,7 @@ class CheckpointReader:
 
     def manifest(self, step: int | None = None) -> Manifest:
         """The manifest of ``step`` (default: the newest committed step)."""
-        step = self.newest() if step is None else step
-        path = self.run_dir.manifest_path(step)
-        try:
-            text = self.run_dir.read_manifest(step)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
-        return Manifest.from_json(text, str(path))
+        return self.run_dir.manifest(self.newest() if step is None else step)
 
     def record(self, path: str, step: int | None = None) -> LeafRecord:
         """The stored record of leaf ``path``; KeyError naming the leaves there are."""
@@ -153,13 +148,14 @@ class CheckpointReader:
                 raise CorruptCheckpointError(f"step {step}: " + "; ".join(problems))
             self._intact_files.add(step)
         array = np.empty(block.shape, dtype=record.dtype)
+        directory = self.run_dir.step_path(home_step(block, step))
         if block.size:
-            self._backend(backend).read(self.run_dir.step_path(step), [BlockData(record, block, array)])
+            self._backend(backend).read(directory, [BlockData(record, block, array)])
         actual = block_checksum(array)
         if actual != block.checksum:
             raise CorruptCheckpointError(
                 f"step {step}, leaf {record.path!r}, block of rank {block.rank} in "
-                f"{self.run_dir.step_path(step) / stored_file(record, block)}: "
+                f"{directory / stored_file(record, block)}: "
                 f"{ALGORITHM} checksum {actual} != stored {block.checksum}"
             )
         return array

@@ -135,6 +135,7 @@ class Checkpointer:
         group_size: int = 4,
         flush_every: int = 1,
         striping: dict[str, int] | None = None,
+        incremental: int = 0,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
@@ -144,6 +145,10 @@ class Checkpointer:
             raise ValueError(f"best must be 'min' or 'max', got {best!r}")
         if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 0:
             raise ValueError(f"keep_best must be an integer >= 0, got {keep_best!r}")
+        if isinstance(incremental, bool) or not isinstance(incremental, int) or incremental < 0:
+            raise ValueError(f"incremental must be an integer >= 0 (a full step every k saves), got {incremental!r}")
+        if incremental and protocol != "coordinated":
+            raise ValueError("incremental saves work with the coordinated protocol only")
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
         if comm is None:
@@ -154,6 +159,7 @@ class Checkpointer:
         self.run_dir = RunDirectory(directory, stripes)
         self.protocol = protocol
         self.keep = keep
+        self.incremental = incremental
         if isinstance(backend, str):
             backend_options = backend_defaults(backend, stripes, backend_options)
         self.backend = open_backend(backend, backend_options)
@@ -193,7 +199,9 @@ class Checkpointer:
         """
         return self._rank.comm if self._rank is not None else self._comm
 
-    def save(self, step: int, state: Any, *, blocking: bool = True, metric: float | None = None) -> SaveHandle | None:
+    def save(
+        self, step: int, state: Any, *, blocking: bool = True, metric: float | None = None, base: int | None = None
+    ) -> SaveHandle | None:
         """Save ``state`` as checkpoint ``step`` and commit it.
 
         Coordinated: collective over ``comm``, all ranks with the same ``step`` and
@@ -214,6 +222,11 @@ class Checkpointer:
         metric
             A number recorded with the step (the same on every rank), for
             ``keep_best`` retention and for tools.
+        base
+            Coordinated only: store only the blocks that differ from committed step
+            ``base`` (an earlier step), referring to its files for the others: a
+            fine-tuned model saved as a delta over its base model. ``base`` is kept as
+            long as a step reads from it.
 
         Returns
         -------
@@ -229,8 +242,10 @@ class Checkpointer:
             On every rank, when the tree or the ranks' boxes are malformed.
         """
         step = int(step)
+        if base is not None and (self._rank is not None or self._local is not None):
+            raise ValueError("save(base=...) works with the coordinated protocol without a node-local level only")
         if not blocking and self._local is None:
-            return self._save_in_background(step, state, metric)
+            return self._save_in_background(step, state, metric, base)
         self._settle(wait=True)
         started = time.perf_counter()
         if self._local is not None:
@@ -238,7 +253,7 @@ class Checkpointer:
         if self._rank is not None:
             report = self._rank.save(step, state)
         else:
-            report = self._commit_step(self._comm, step, state, metric)
+            report = self._commit_step(self._comm, step, state, metric, base)
         if self.schedule is not None:
             self.schedule.saved(time.perf_counter() - started)
         self._record(report)
@@ -254,10 +269,13 @@ class Checkpointer:
             return self._save_in_background(step, state, metric)
         return None
 
-    def _commit_step(self, comm: MPI.Comm, step: int, state: Any, metric: float | None) -> SaveReport:
+    def _commit_step(
+        self, comm: MPI.Comm, step: int, state: Any, metric: float | None, base: int | None = None
+    ) -> SaveReport:
         return save_coordinated(
             comm, self.run_dir, self.backend, step, state,
             keep=self.keep, keep_best=self.keep_best, best=self.best, metric=metric,
+            incremental=self.incremental, base=base,
         )  # fmt: skip
 
     def due(self, step: int) -> bool:
@@ -276,7 +294,7 @@ class Checkpointer:
         self.saves += 1
         self.save_seconds += sum(report.seconds.values())
 
-    def _save_in_background(self, step: int, state: Any, metric: float | None) -> SaveHandle:
+    def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:
         if self._rank is not None:
             raise ValueError("blocking=False is available with the coordinated protocol only")
         self._settle()
@@ -292,7 +310,7 @@ class Checkpointer:
                 background.release(buffers)
             raise
         frozen, buffers = staged[0]
-        index = background.enqueue(lambda comm: self._commit_step(comm, step, frozen, metric), buffers)
+        index = background.enqueue(lambda comm: self._commit_step(comm, step, frozen, metric, base), buffers)
         self.snapshot_seconds = time.perf_counter() - started
         if self.schedule is not None:
             self.schedule.saved(self.snapshot_seconds)

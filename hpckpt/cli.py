@@ -156,6 +156,7 @@ def _box(offset: Sequence[int], shape: Sequence[int]) -> str:
 def _inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from .model.delta import home_step, referenced_steps
     from .progress import human_bytes
 
     manifest = _reader(args.directory).manifest(args.step)
@@ -166,7 +167,10 @@ def _inspect(args: argparse.Namespace) -> int:
             "kind": record.kind,
             "dtype": str(np.dtype(record.dtype)),
             "shape": list(record.global_shape) if record.global_shape is not None else None,
-            "blocks": [{"rank": b.rank, "offset": list(b.offset), "shape": list(b.shape)} for b in record.blocks],
+            "blocks": [
+                {"rank": b.rank, "offset": list(b.offset), "shape": list(b.shape), "in_step": home_step(b, manifest.step)}
+                for b in record.blocks
+            ],
             "location": record.location,
             "encoding": record.encoding,
         })  # fmt: skip
@@ -177,6 +181,7 @@ def _inspect(args: argparse.Namespace) -> int:
         "world_size": manifest.world_size,
         "committed": manifest.committed,
         "checksum_algorithm": manifest.checksum_algorithm,
+        "delta_base": manifest.delta_base,
         "leaves": leaves,
         "values": manifest.values,
     }
@@ -188,6 +193,12 @@ def _inspect(args: argparse.Namespace) -> int:
         f"step {manifest.step}: backend {manifest.backend}, protocol {manifest.protocol}, "
         f"{manifest.world_size} ranks, committed {_when(manifest.committed)}, {human_bytes(total)} of arrays"
     )
+    if manifest.incremental:
+        reused = sum(
+            b.size * r.itemsize for r in manifest.leaves for b in r.blocks if home_step(b, manifest.step) != manifest.step
+        )
+        print(f"  incremental over step {manifest.delta_base}: {human_bytes(reused)} of blocks are read from earlier "
+              f"steps {sorted(referenced_steps(manifest))}")
     for leaf in leaves:
         shape = tuple(leaf["shape"]) if leaf["shape"] is not None else "per rank"
         if leaf["encoding"] == "pickle":
@@ -196,7 +207,8 @@ def _inspect(args: argparse.Namespace) -> int:
             print(f"  {leaf['path']}: {leaf['kind']} {leaf['dtype']} {shape}")
         for block in leaf["blocks"]:
             where = _box(block["offset"], block["shape"]) if leaf["kind"] == "distributed" else tuple(block["shape"])
-            print(f"      rank {block['rank']}: {where}")
+            home = f" (in step {block['in_step']})" if block["in_step"] != manifest.step else ""
+            print(f"      rank {block['rank']}: {where}{home}")
     for path, value in manifest.values.items():
         print(f"  {path}: value {value!r}")
     return 0

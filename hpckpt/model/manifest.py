@@ -18,7 +18,9 @@ import numpy as np
 from ..errors import CorruptCheckpointError
 
 FORMAT_NAME = "hpckpt-manifest"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written when a step reuses blocks of another (incremental); else 1
+READ_VERSIONS = (1, 2)
+IN_STEP = "in_step"  # block location key: the earlier step whose files hold the block's bytes
 LEAF_KINDS = ("distributed", "local", "replicated")
 STORABLE_DTYPE_KINDS = "biufc"  # the dtypes hpckpt writes: no objects, no records
 
@@ -96,11 +98,21 @@ class Manifest:
     files: dict[str, int | None] = field(default_factory=dict)
     metric: float | None = None
     file_checksums: dict[str, str | None] = field(default_factory=dict)
+    delta_base: int | None = None
+    delta_chain: int = 0
+
+    @property
+    def incremental(self) -> bool:
+        """True when some block's bytes are in another step's files (``location["in_step"]``)."""
+        return any(IN_STEP in block.location for record in self.leaves for block in record.blocks)
 
     def to_json(self) -> str:
-        """Serialise to JSON text (sorted keys, one manifest per file)."""
+        """Serialise to JSON text (sorted keys, one manifest per file).
+
+        Version 1 unless the step is incremental, so older readers still read full steps.
+        """
         body = asdict(self)
-        body = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **body}
+        body = {"format": FORMAT_NAME, "version": FORMAT_VERSION if self.incremental else 1, **body}
         return json.dumps(body, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -117,11 +129,12 @@ class Manifest:
             body = json.loads(text)
             if body.get("format") != FORMAT_NAME:
                 raise ValueError(f"format is {body.get('format')!r}, expected {FORMAT_NAME!r}")
-            if body.get("version") != FORMAT_VERSION:
-                raise ValueError(f"version {body.get('version')!r}; this hpckpt reads version {FORMAT_VERSION}")
-            leaves = tuple(_leaf_from_dict(leaf) for leaf in body["leaves"])
+            if body.get("version") not in READ_VERSIONS:
+                raise ValueError(f"version {body.get('version')!r}; this hpckpt reads versions {READ_VERSIONS}")
+            step = int(body["step"])
+            leaves = tuple(_leaf_from_dict(leaf, step) for leaf in body["leaves"])
             return cls(
-                step=int(body["step"]),
+                step=step,
                 protocol=str(body["protocol"]),
                 backend=str(body["backend"]),
                 world_size=int(body["world_size"]),
@@ -133,6 +146,8 @@ class Manifest:
                 files={safe_name(name, "file"): None if size is None else int(size) for name, size in body["files"].items()},
                 metric=None if body.get("metric") is None else float(body["metric"]),
                 file_checksums=_file_checksums(body.get("file_checksums", {}), body["files"]),
+                delta_base=_optional_step(body.get("delta_base"), "delta_base", step),
+                delta_chain=_count(body.get("delta_chain", 0), "delta_chain"),
             )
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
@@ -158,15 +173,32 @@ def _file_checksums(raw: Any, files: Any) -> dict[str, str]:
     return checksums
 
 
-def _location(raw: Any, what: str) -> dict[str, Any]:
+def _location(raw: Any, what: str, step: int) -> dict[str, Any]:
     location = dict(raw)
     for key in ("file", "directory"):
         if key in location:
             safe_name(location[key], f"{what} {key}")
+    if IN_STEP in location:
+        location[IN_STEP] = _optional_step(location[IN_STEP], f"{what} {IN_STEP}", step)
     return location
 
 
-def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} is {value!r}, not an integer >= 0")
+    return value
+
+
+def _optional_step(value: Any, what: str, step: int) -> int | None:
+    """An earlier step number (blocks and deltas only refer back), or None."""
+    if value is None:
+        return None
+    if _count(value, what) >= step:
+        raise ValueError(f"{what} is {value}, not a step before {step}")
+    return value
+
+
+def _leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
     if leaf["kind"] not in LEAF_KINDS:
         raise ValueError(f"leaf {leaf.get('path')!r} has unknown kind {leaf['kind']!r}")
     dtype = np.dtype(str(leaf["dtype"]))
@@ -195,10 +227,12 @@ def _leaf_from_dict(leaf: dict[str, Any]) -> LeafRecord:
                 offset=tuple(int(n) for n in block["offset"]),
                 shape=tuple(int(n) for n in block["shape"]),
                 checksum=str(block["checksum"]),
-                location=_location(block.get("location", {}), f"leaf {leaf['path']!r} block location"),
+                location=_location(block.get("location", {}), f"leaf {leaf['path']!r} block location", step),
             )
             for block in leaf["blocks"]
         ),
-        location=_location({str(k): v for k, v in leaf.get("location", {}).items()}, f"leaf {leaf['path']!r} location"),
+        location=_location(
+            {str(k): v for k, v in leaf.get("location", {}).items()}, f"leaf {leaf['path']!r} location", step
+        ),
         encoding=encoding,
     )

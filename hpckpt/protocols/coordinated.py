@@ -6,7 +6,9 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 1. ``plan``: check the step, flatten the tree, stage arrays to contiguous host
    memory and checksum them; gather every rank's plan; every rank merges the same
    plans and validates the layout (same error everywhere when it is wrong).
-2. ``prepare``: rank 0 makes ``step-N.tmp``.
+2. ``base`` (incremental saves only): rank 0 reads the manifest of the step to compare
+   with; every rank drops the blocks it already holds (:mod:`hpckpt.model.delta`).
+   ``prepare``: rank 0 checks the space and makes ``step-N.tmp``.
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
 4. ``commit``: rank 0 fsyncs, writes the manifest last and renames the step into
@@ -27,7 +29,8 @@ import numpy as np
 from .._comm import abort_job, describe_failure, gather_phase, run_phase
 from ..buffers.host import as_host_array
 from ..checksum import ALGORITHM, block_checksum
-from ..errors import InvalidStateError
+from ..errors import CorruptCheckpointError, InvalidStateError
+from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
 from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
 from ..model.layout import LeafPlan, RankPlan, merge_plans
 from ..model.manifest import LeafRecord, Manifest
@@ -42,12 +45,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SaveReport:
-    """What one save did: its step, bytes this rank staged, and phase timings (s)."""
+    """What one save did: its step, bytes this rank staged, phase timings (s), deleted
+    steps, and the bytes this rank wrote (fewer than staged when blocks were reused)."""
 
     step: int
     local_bytes: int
     seconds: dict[str, float]
     deleted_steps: tuple[int, ...]
+    written_bytes: int = 0
 
 
 def plan_local(
@@ -89,12 +94,48 @@ def plan_local(
 
 
 def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int) -> list[BlockData]:
-    """The blocks ``rank`` writes: its own distributed and local ones, replicated on rank 0."""
-    return [
-        BlockData(record, record.block_of(rank), arrays[record.path])
-        for record in records
-        if record.kind != "replicated" or rank == 0
-    ]
+    """The blocks ``rank`` writes: its own distributed and local ones, replicated on rank 0.
+
+    A distributed leaf whose block of ``rank`` is reused from an incremental save's
+    base gets an empty placeholder block, so the rank still joins collective writes.
+    """
+    blocks = []
+    for record in records:
+        if record.kind == "replicated":
+            if rank == 0:
+                blocks.append(BlockData(record, record.blocks[0], arrays[record.path]))
+            continue
+        own = [block for block in record.blocks if block.rank == rank]
+        if own:
+            blocks.append(BlockData(record, own[0], arrays[record.path]))
+        elif record.kind == "distributed":
+            blocks.append(BlockData(record, *placeholder(record)))
+    return blocks
+
+
+def choose_base(run_dir: RunDirectory, step: int, every: int, base: int | None) -> Manifest | None:
+    """The manifest an incremental save of ``step`` compares with, or None for a full step.
+
+    Not collective (rank 0). ``base`` is a chosen committed step; otherwise, with
+    ``every >= 2``, the newest committed step before ``step``, unless that would make
+    ``every`` incremental steps in a row (or its manifest is unreadable).
+    """
+    committed = run_dir.committed_steps()
+    if base is not None:
+        if base >= step or base not in committed:
+            raise InvalidStateError(
+                f"save step {step}: base step {base} is not a committed step before it in {run_dir.root} "
+                f"(committed: {committed or 'none'})"
+            )
+        return run_dir.manifest(base)
+    earlier = [committed_step for committed_step in committed if committed_step < step]
+    if every < 2 or not earlier:
+        return None
+    try:
+        newest = run_dir.manifest(earlier[-1])
+    except CorruptCheckpointError:
+        return None
+    return newest if newest.delta_chain + 1 < every else None
 
 
 def save_coordinated(
@@ -110,12 +151,17 @@ def save_coordinated(
     metric: float | None = None,
     protocol: str = "coordinated",
     complete: bool = True,
+    incremental: int = 0,
+    base: int | None = None,
 ) -> SaveReport:
     """Save ``state`` as step ``step`` and commit it (see the module docstring).
 
     Collective over ``comm``: all ranks must call with the same ``step`` (and
     ``metric``, which rank 0 records). Retention keeps the newest ``keep`` steps and the
-    ``keep_best`` with the best metric (``best`` is ``"min"`` or ``"max"``). The
+    ``keep_best`` with the best metric (``best`` is ``"min"`` or ``"max"``), and every
+    step their blocks are read from. ``incremental=k`` (k >= 2) stores only the blocks
+    that changed since the newest committed step, with a full step every k saves;
+    ``base`` compares with that committed step instead (a delta over it). The
     uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
     the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
     """
@@ -142,17 +188,25 @@ def save_coordinated(
     if len(steps) > 1:
         per_rank = ", ".join(f"rank {r}: {s}" for r, (s, _) in enumerate(gathered))
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
-    records, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
-    records = backend.layout(records)
+    merged, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
+    delta: Delta | None = None
+    if incremental >= 2 or base is not None:
+        base_manifest = timed(
+            "base", lambda: choose_base(run_dir, step, incremental, base) if rank == 0 else None, gather_phase
+        )[0]
+        if base_manifest is not None:
+            delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM)
+    records = backend.layout(to_write(merged, delta))
 
     needed = sum(record.nbytes for record in records)
     timed("prepare", lambda: run_dir.prepare(step, needed) if rank == 0 else None)
     temp = run_dir.temp_path(step)
+    own_blocks = blocks_of_rank(records, staged, rank)
 
     def write() -> list[str]:
         try:
             faults.point("save.write")
-            return backend.write(comm, temp, records, blocks_of_rank(records, staged, rank))
+            return backend.write(comm, temp, records, own_blocks)
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
             raise
@@ -164,13 +218,15 @@ def save_coordinated(
         backend=backend.name,
         world_size=comm.size,
         checksum_algorithm=ALGORITHM,
-        leaves=records,
+        leaves=compose(merged, records, delta),
         values=values,
         created=created,
         committed=time.time(),
         files=dict.fromkeys(files),
         metric=None if metric is None else float(metric),
         file_checksums=dict.fromkeys(backend.metadata_files(files)),
+        delta_base=delta.base if delta is not None and delta.reused else None,
+        delta_chain=delta.chain if delta is not None and delta.reused else 0,
     )
 
     def commit() -> None:
@@ -186,7 +242,8 @@ def save_coordinated(
 
     deleted = timed("retain", retain, gather_phase)[0]
     local_bytes = sum(array.nbytes for array in staged.values())
-    return SaveReport(step, local_bytes, seconds, tuple(deleted))
+    written = sum(data.array.nbytes for data in own_blocks)
+    return SaveReport(step, local_bytes, seconds, tuple(deleted), written)
 
 
 def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> None:

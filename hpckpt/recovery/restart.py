@@ -35,6 +35,7 @@ from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.boxes import Box, intersection, local_slices
+from ..model.delta import home_step
 from ..model.manifest import Block, LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData
@@ -314,12 +315,17 @@ def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -
 def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, pieces: list[_Piece], rank: int) -> list[str]:
     """Read the planned blocks; describe each block that fails verification."""
     faults.point("restore.read")
-    directory = run_dir.step_path(step)
     requests = [piece.request for piece in pieces]
-    try:
-        backend.read(directory, [request for request in requests if request.block.size])
-    except (OSError, KeyError, ValueError, RuntimeError) as exc:
-        return [f"rank {rank} cannot read {directory}: {type(exc).__name__}: {exc}"]
+    by_home: dict[int, list[BlockData]] = {}
+    for request in requests:
+        if request.block.size:
+            by_home.setdefault(home_step(request.block, step), []).append(request)
+    for home, group in sorted(by_home.items()):
+        directory = run_dir.step_path(home)
+        try:
+            backend.read(directory, group)
+        except (OSError, KeyError, ValueError, RuntimeError) as exc:
+            return [f"rank {rank} cannot read {directory}: {type(exc).__name__}: {exc}"]
     findings = []
     for request in requests:
         expected = request.block.checksum

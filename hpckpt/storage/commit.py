@@ -25,7 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..checksum import file_checksum
-from ..errors import NoSpaceError
+from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
+from ..model.delta import referenced_steps
 from ..model.manifest import Manifest
 from .lustre import Striping, set_stripe
 
@@ -68,6 +69,7 @@ class RunDirectory:
     def __init__(self, root: str | os.PathLike[str], striping: Striping | None = None) -> None:
         self.root = Path(root)
         self.striping = striping
+        self._references: dict[int, frozenset[int]] = {}  # step -> steps it reads blocks of
 
     def step_path(self, step: int) -> Path:
         """The directory of committed step ``step``."""
@@ -99,6 +101,12 @@ class RunDirectory:
         system has less than ``needed_bytes`` plus :data:`SPACE_SLACK` free.
         """
         self.root.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+        readers = self.readers_of(step)
+        if readers:
+            raise InvalidStateError(
+                f"cannot save step {step} again in {self.root}: incremental steps {readers} read blocks of the "
+                "committed one; save under a new step number"
+            )
         temp = self.temp_path(step)
         if temp.exists():
             shutil.rmtree(temp)
@@ -126,6 +134,7 @@ class RunDirectory:
         """
         step = manifest.step
         temp = self.temp_path(step)
+        self._references[step] = frozenset(referenced_steps(manifest))
         sizes: dict[str, int | None] = {}
         for name in manifest.files:
             _fsync_path(temp / name)
@@ -157,26 +166,65 @@ class RunDirectory:
         "Best" is by the ``metric`` recorded in each manifest: lowest with ``best="min"``,
         highest with ``"max"``; steps without a metric never count as best. Each step is
         first renamed to ``*.deleting`` so a crash mid-delete never leaves a half-deleted
-        step that looks committed. Returns the deleted steps.
+        step that looks committed. Steps whose blocks a kept incremental step reads are
+        kept too. Returns the deleted steps.
         """
         steps = self.committed_steps()
         kept = set(steps[-keep:]) if keep > 0 else set()
         if keep_best > 0:
             kept |= set(self._best_steps(steps, keep_best, best))
+        for step in list(kept):
+            kept |= self.references(step)
         doomed = [step for step in steps if step not in kept]
         for step in doomed:
             path = self.step_path(step)
             deleting = path.with_name(path.name + ".deleting")
             os.replace(path, deleting)
             shutil.rmtree(deleting)
+            self._references.pop(step, None)
         for entry in os.scandir(self.root):
             if entry.name.startswith("step-") and entry.name.endswith(_TRANSIENT_SUFFIXES):
                 shutil.rmtree(entry.path, ignore_errors=True)
         return doomed
 
+    def references(self, step: int) -> frozenset[int]:
+        """The steps whose files committed step ``step`` reads blocks from (cached).
+
+        An unreadable manifest refers to nothing: that step cannot be restored anyway.
+        """
+        if step not in self._references:
+            try:
+                self._references[step] = frozenset(referenced_steps(self.manifest(step)))
+            except CorruptCheckpointError:
+                return frozenset()
+        return self._references[step]
+
+    def readers_of(self, step: int) -> list[int]:
+        """Committed steps that read blocks of step ``step``."""
+        return [other for other in self.committed_steps() if other != step and step in self.references(other)]
+
+    def manifest(self, step: int) -> Manifest:
+        """The parsed manifest of committed step ``step``; CorruptCheckpointError if unusable."""
+        path = self.manifest_path(step)
+        try:
+            text = self.read_manifest(step)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
+        return Manifest.from_json(text, str(path))
+
     def damaged_files(self, manifest: Manifest) -> list[str]:
-        """What is wrong with the step's files: missing, not of their committed size, or
-        (metadata files) not of their committed checksum. Reads only those metadata files."""
+        """What is wrong with the step's files, and with those of the steps it reads blocks
+        of: missing, not of their committed size, or (metadata files) not of their
+        committed checksum. Reads only those metadata files (and the other manifests)."""
+        problems = self._damaged_own_files(manifest)
+        for other in sorted(referenced_steps(manifest)):
+            try:
+                problems += self._damaged_own_files(self.manifest(other))
+            except CorruptCheckpointError as exc:
+                problems.append(f"step {manifest.step} reads blocks of step {other}, which is unusable: {exc}")
+        return problems
+
+    def _damaged_own_files(self, manifest: Manifest) -> list[str]:
         problems = []
         for name, size in manifest.files.items():
             path = self.step_path(manifest.step) / name

@@ -130,7 +130,8 @@ class PosixBackend:
         mine = {self.file_of(rank) for rank in range(world) if comm.size == 1 or rank == comm.rank}
         by_file: dict[str, list[BlockData]] = {name: [] for name in mine}
         for data in blocks:
-            by_file.setdefault(data.block.location["file"], []).append(data)
+            if data.block.size:  # empty blocks (and placeholders, which have no location) hold no bytes
+                by_file.setdefault(data.block.location["file"], []).append(data)
         for name, contents in by_file.items():
             descriptor = os.open(directory / name, os.O_WRONLY | os.O_CREAT, 0o644)
             try:

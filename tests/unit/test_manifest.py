@@ -1,10 +1,13 @@
 """Manifest serialisation and the errors for manifests that are not ours."""
 
 import json
+import re
+from dataclasses import replace
 
 import pytest
 
 from hpckpt import CorruptCheckpointError
+from hpckpt.model.delta import referenced_steps
 from hpckpt.model.manifest import Block, LeafRecord, Manifest
 
 
@@ -51,8 +54,8 @@ def test_block_of_rank():
     [
         ("{", "m.json: not a valid hpckpt manifest: Expecting property name"),
         ('{"format": "other"}', "format is 'other', expected 'hpckpt-manifest'"),
-        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads version 1"),
-        ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'leaves'"),
+        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2)"),
+        ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'step'"),
     ],
 )
 def test_invalid_manifests_are_corrupt(text, message):
@@ -150,3 +153,35 @@ def test_file_checksums_name_files_of_the_step(checksums, problem):
     body["file_checksums"] = checksums
     with pytest.raises(CorruptCheckpointError, match=problem):
         Manifest.from_json(json.dumps(body), "evil.json")
+
+
+def test_incremental_manifests_are_version_2_and_their_references_point_back():
+    manifest = make_manifest()
+    field, rng = manifest.leaves
+    reused = replace(rng, blocks=(replace(rng.blocks[0], location={"in_step": 3}), rng.blocks[1]))
+    incremental = replace(manifest, leaves=(field, reused), delta_base=3, delta_chain=2)
+    again = Manifest.from_json(incremental.to_json(), "m.json")
+    assert json.loads(incremental.to_json())["version"] == 2
+    assert again.incremental and not manifest.incremental
+    assert (again.delta_base, again.delta_chain) == (3, 2)
+    assert referenced_steps(again) == {3} and referenced_steps(manifest) == set()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"delta_base": 7}, "delta_base is 7, not a step before 7"),
+        ({"delta_base": -1}, "delta_base is -1, not an integer >= 0"),
+        ({"delta_chain": "2"}, "delta_chain is '2', not an integer >= 0"),
+        ({"in_step": 9}, "in_step is 9, not a step before 7"),
+        ({"in_step": True}, "in_step is True, not an integer >= 0"),
+    ],
+)
+def test_references_to_other_steps_are_validated(change, problem):
+    body = json.loads(make_manifest().to_json())
+    if "in_step" in change:
+        body["leaves"][0]["blocks"][0]["location"]["in_step"] = change["in_step"]
+    else:
+        body.update(change)
+    with pytest.raises(CorruptCheckpointError, match=re.escape(problem)):
+        Manifest.from_json(json.dumps(body), "m.json")
