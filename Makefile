@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 MPIEXEC ?= mpiexec
 NP      ?= 4
 
-.PHONY: install test test-unit test-fault test-mpi test-slurm demo clean
+.PHONY: install test test-unit test-fault test-mpi test-slurm demo bench clean
 
 install:
 	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
@@ -28,6 +28,10 @@ test-mpi:
 
 demo: install
 	PY=$(PY) NP=$(NP) bash jobs/demo.sh
+
+# The benchmark suite: 2 ranks, every case side by side; perf/results/suite.json and PNGs.
+bench: install
+	$(PY) perf/suite.py --ranks 2 --out perf/results --dir .bench-suite
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

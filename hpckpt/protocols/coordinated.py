@@ -238,7 +238,8 @@ def save_coordinated(
 
     def retain() -> list[int]:
         faults.point("save.retain")
-        return run_dir.retain(keep, keep_best, best) if rank == 0 else []
+        recycle = getattr(backend, "writes_in_place", False)
+        return run_dir.retain(keep, keep_best, best, recycle=recycle) if rank == 0 else []
 
     deleted = timed("retain", retain, gather_phase)[0]
     local_bytes = sum(array.nbytes for array in staged.values())

@@ -60,6 +60,9 @@ class Backend(Protocol):
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
         """Fill each request's ``array`` with its stored block. Independent, per rank."""
 
+    # Optional: ``writes_in_place = True`` says ``write`` overwrites files that already exist
+    # in the step directory without truncating them first (and cuts them to size after):
+    # retention then recycles the deleted step's files for the next save (storage/commit.py).
     # Optional: ``encode(array) -> np.ndarray``, the bytes stored for a block (compression),
     # called on each rank before the layout; ``layout`` then finds each block's size in
     # ``block.location["stored_bytes"]`` and ``read`` decodes (see storage/posix.py).

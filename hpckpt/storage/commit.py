@@ -5,6 +5,8 @@ On disk, a run directory holds::
     step-00000010/            committed: data files + manifest.json
     step-00000020.tmp/        being written (or left by a crash): never restored
     step-00000005.deleting/   being removed by retention: never restored
+    .recycle/                 data files of the last deleted step, overwritten in place
+                              by the next save (backends that write in place only)
 
 The sequence for step N (rank 0 does every call here; others only write data):
 ``prepare(N)`` makes an empty ``step-N.tmp``; the backend writes into it; ``commit``
@@ -31,6 +33,7 @@ from ..model.manifest import Manifest
 from .lustre import Striping, set_stripe
 
 MANIFEST_NAME = "manifest.json"
+RECYCLE_NAME = ".recycle"
 _STEP_NAME = re.compile(r"^step-(\d{8,})$")
 _TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
 
@@ -70,6 +73,7 @@ class RunDirectory:
         self.root = Path(root)
         self.striping = striping
         self._references: dict[int, frozenset[int]] = {}  # step -> steps it reads blocks of
+        self._recycled: set[str] = set()  # files moved into the step being written
 
     def step_path(self, step: int) -> Path:
         """The directory of committed step ``step``."""
@@ -110,7 +114,9 @@ class RunDirectory:
         temp = self.temp_path(step)
         if temp.exists():
             shutil.rmtree(temp)
-        free = shutil.disk_usage(self.root).free
+        recycle = self.root / RECYCLE_NAME
+        spare = {entry.name: entry.stat().st_size for entry in os.scandir(recycle)} if recycle.is_dir() else {}
+        free = shutil.disk_usage(self.root).free + sum(spare.values())
         if needed_bytes and free < needed_bytes + SPACE_SLACK:
             steps = self.committed_steps()
             kept = f"committed steps {', '.join(map(str, steps))} are intact" if steps else "no step is committed yet"
@@ -123,6 +129,9 @@ class RunDirectory:
         temp.mkdir(mode=DIRECTORY_MODE)
         if self.striping is not None:
             set_stripe(temp, self.striping)
+        for name in spare:
+            os.replace(recycle / name, temp / name)
+        self._recycled = set(spare)
         return temp
 
     def commit(self, manifest: Manifest) -> Path:
@@ -134,6 +143,9 @@ class RunDirectory:
         """
         step = manifest.step
         temp = self.temp_path(step)
+        for stray in self._recycled - set(manifest.files):
+            os.unlink(temp / stray)  # recycled files the backend did not write over
+        self._recycled = set()
         self._references[step] = frozenset(referenced_steps(manifest))
         sizes: dict[str, int | None] = {}
         for name in manifest.files:
@@ -160,14 +172,18 @@ class RunDirectory:
             shutil.rmtree(replaced)
         return final
 
-    def retain(self, keep: int, keep_best: int = 0, best: str = "min") -> list[int]:
+    def retain(self, keep: int, keep_best: int = 0, best: str = "min", *, recycle: bool = False) -> list[int]:
         """Delete committed steps but the newest ``keep`` and the ``keep_best`` best, and leftovers.
 
         "Best" is by the ``metric`` recorded in each manifest: lowest with ``best="min"``,
         highest with ``"max"``; steps without a metric never count as best. Each step is
         first renamed to ``*.deleting`` so a crash mid-delete never leaves a half-deleted
         step that looks committed. Steps whose blocks a kept incremental step reads are
-        kept too. Returns the deleted steps.
+        kept too. With ``recycle``, the data files of the newest deleted step are kept in
+        ``.recycle/`` for the next :meth:`prepare` to put into the new step, where a
+        backend that writes in place overwrites them: no blocks are freed and allocated
+        again (on an SSD file system mounted with ``discard`` that is most of a save's
+        time). Without it, ``.recycle/`` is removed. Returns the deleted steps.
         """
         steps = self.committed_steps()
         kept = set(steps[-keep:]) if keep > 0 else set()
@@ -176,16 +192,29 @@ class RunDirectory:
         for step in list(kept):
             kept |= self.references(step)
         doomed = [step for step in steps if step not in kept]
+        recycle_dir = self.root / RECYCLE_NAME
+        if doomed or not recycle:
+            shutil.rmtree(recycle_dir, ignore_errors=True)
         for step in doomed:
             path = self.step_path(step)
             deleting = path.with_name(path.name + ".deleting")
             os.replace(path, deleting)
+            if recycle and step == doomed[-1]:
+                self._keep_files_of(deleting, recycle_dir)
             shutil.rmtree(deleting)
             self._references.pop(step, None)
         for entry in os.scandir(self.root):
             if entry.name.startswith("step-") and entry.name.endswith(_TRANSIENT_SUFFIXES):
                 shutil.rmtree(entry.path, ignore_errors=True)
         return doomed
+
+    @staticmethod
+    def _keep_files_of(step_dir: Path, recycle_dir: Path) -> None:
+        """Move the regular data files of a deleted step into ``recycle_dir``."""
+        recycle_dir.mkdir(mode=DIRECTORY_MODE)
+        for entry in os.scandir(step_dir):
+            if entry.is_file(follow_symlinks=False) and entry.name != MANIFEST_NAME:
+                os.replace(entry.path, recycle_dir / entry.name)
 
     def references(self, step: int) -> frozenset[int]:
         """The steps whose files committed step ``step`` reads blocks from (cached).

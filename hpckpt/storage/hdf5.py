@@ -7,6 +7,11 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
 - a local leaf ``a/b`` is the group ``/a/b`` with one dataset per rank, ``rank-00003``;
 - every dataset (or local group) has the attribute ``hpckpt_kind``.
 
+A ``data.h5`` already in the step directory (recycled by retention from the deleted
+step) whose datasets are exactly those of the new step (same paths, shapes, dtypes,
+contiguous) is opened ``r+`` and written over in place: no blocks are freed and
+allocated again. Any other file is truncated and created anew.
+
 Restore reads with independent I/O through the default driver, so a rank that fails
 while reading cannot leave the others waiting in a collective call.
 """
@@ -65,6 +70,7 @@ class HDF5Backend:
     """
 
     name = "hdf5"
+    writes_in_place = True
 
     def __init__(
         self,
@@ -110,12 +116,13 @@ class HDF5Backend:
         (empty boxes take part with an empty selection). Replicated and local blocks
         are written independently.
         """
-        h5py = self._h5py
-        # One process (a rank's own checkpoint, or hpckpt convert) writes through the
-        # default POSIX driver: MPI-IO on COMM_SELF only adds cost.
-        with h5py.File(directory / FILE_NAME, "w", **self._file_options(comm)) as h5:
+        h5, reused = self._open_for_write(directory / FILE_NAME, records, comm)
+        with h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
-            datasets = {record.path: self._create(h5, record) for record in records}
+            if reused:
+                datasets = {record.path: _existing(h5, record) for record in records}
+            else:
+                datasets = {record.path: self._create(h5, record) for record in records}
             for data in blocks:
                 record, block = data.record, data.block
                 if record.kind == "distributed" and 0 in record.global_shape:
@@ -130,6 +137,25 @@ class HDF5Backend:
             h5.flush()  # MPI_File_sync on every rank: data durable before the commit
         return [FILE_NAME]
 
+    def _open_for_write(self, path: Path, records: Sequence[LeafRecord], comm: MPI.Comm) -> tuple[Any, bool]:
+        """The open file, and whether it is a recycled one whose datasets are reused.
+
+        Collective over ``comm``: every rank sees the same file and decides alike. One
+        process (a rank's own checkpoint, ``hpckpt convert``) uses the default POSIX
+        driver: MPI-IO on COMM_SELF only adds cost.
+        """
+        h5py, options = self._h5py, self._file_options(comm)
+        if path.exists():
+            try:
+                h5 = h5py.File(path, "r+", **options)
+            except OSError:
+                pass
+            else:
+                if _holds_exactly(h5, records):
+                    return h5, True
+                h5.close()
+        return h5py.File(path, "w", **options), False
+
     def _create(self, h5: Any, record: LeafRecord) -> Any:
         if record.kind == "local":
             group = h5.create_group(record.path)
@@ -139,10 +165,9 @@ class HDF5Backend:
                 for block in record.blocks
             }
         stored = [block.shape for block in record.blocks if block.size]
-        partial = record.kind == "distributed" and sum(math.prod(s) for s in stored) < math.prod(record.global_shape)
         # A partial array (one rank's own checkpoint) is chunked by its box, so the file
         # holds that box only, not the whole global array.
-        chunks = max(stored, key=math.prod) if partial and stored else None
+        chunks = max(stored, key=math.prod) if _partial(record) and stored else None
         dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype, chunks=chunks)
         dataset.attrs["hpckpt_kind"] = record.kind
         return dataset
@@ -167,6 +192,47 @@ class HDF5Backend:
                 if dataset.shape != expected:
                     raise KeyError(f"dataset {dataset.name} has shape {dataset.shape}, expected {expected}")
                 _read_box(dataset, block.offset if record.kind != "local" else (0,) * len(expected), request.array)
+
+
+def _partial(record: LeafRecord) -> bool:
+    """True for a distributed leaf whose blocks do not cover its global array."""
+    covered = sum(block.size for block in record.blocks)
+    return record.kind == "distributed" and covered < math.prod(record.global_shape)
+
+
+def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
+    """Each dataset a file of ``records`` holds, with shape and dtype; None if any is chunked."""
+    expected = {}
+    for record in records:
+        dtype = np.dtype(record.dtype)
+        if record.kind == "local":
+            for block in record.blocks:
+                expected[f"{record.path}/{local_block_name(block.rank)}"] = (tuple(block.shape), dtype)
+        elif _partial(record):
+            return None
+        else:
+            expected[record.path] = (tuple(record.global_shape), dtype)
+    return expected
+
+
+def _holds_exactly(h5: Any, records: Sequence[LeafRecord]) -> bool:
+    """Whether ``h5`` has exactly the contiguous datasets ``records`` need, and nothing else."""
+    expected = _expected_datasets(records)
+    if expected is None:
+        return False
+    found: dict[str, Any] = {}
+    h5.visititems(lambda name, item: found.__setitem__(name, item) if hasattr(item, "dtype") else None)
+    return found.keys() == expected.keys() and all(
+        (item.shape, item.dtype) == expected[name] and item.chunks is None for name, item in found.items()
+    )
+
+
+def _existing(h5: Any, record: LeafRecord) -> Any:
+    """The datasets of ``record`` in a reused file, as :meth:`HDF5Backend._create` returns them."""
+    if record.kind == "local":
+        group = h5[record.path]
+        return {block.rank: group[local_block_name(block.rank)] for block in record.blocks}
+    return h5[record.path]
 
 
 def _selections(dataset: Any, offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[Any, Any]:

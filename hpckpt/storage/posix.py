@@ -16,7 +16,10 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
   ``"codec"``; checksums stay those of the uncompressed data.
 
 Every rank writes its own segment with ``pwrite`` and fsyncs it; no two ranks write
-the same byte. Reads use ``preadv`` straight into the destination array.
+the same byte. A file already in the step directory (recycled from a deleted step by
+retention) is overwritten in place, not truncated, and cut to its new size after: its
+disk blocks are reused instead of freed and allocated again. Reads use ``preadv``
+straight into the destination array.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class PosixBackend:
     """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module)."""
 
     name = "posix"
+    writes_in_place = True
 
     def __init__(
         self,
@@ -132,11 +136,14 @@ class PosixBackend:
         for data in blocks:
             if data.block.size:  # empty blocks (and placeholders, which have no location) hold no bytes
                 by_file.setdefault(data.block.location["file"], []).append(data)
+        ends = _file_ends(records)
         for name, contents in by_file.items():
             descriptor = os.open(directory / name, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
                 for data in contents:
                     _write_all(descriptor, data.array, data.block.location["offset"])
+                if os.fstat(descriptor).st_size > ends.get(name, 0):  # a recycled file, longer than needed
+                    os.ftruncate(descriptor, ends.get(name, 0))
                 os.fsync(descriptor)
             finally:
                 os.close(descriptor)
@@ -170,6 +177,17 @@ class PosixBackend:
         finally:
             for descriptor in descriptors.values():
                 os.close(descriptor)
+
+
+def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
+    """Each file's size: the end of its last block."""
+    ends: dict[str, int] = {}
+    for record in records:
+        for block in record.blocks:
+            location = block.location
+            end = location["offset"] + location.get("stored_bytes", block.size * record.itemsize)
+            ends[location["file"]] = max(ends.get(location["file"], 0), end)
+    return ends
 
 
 def _write_all(descriptor: int, array: np.ndarray, offset: int) -> None:

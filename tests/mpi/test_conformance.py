@@ -301,3 +301,26 @@ def test_ten_thousand_leaves_and_non_ascii_names(mpi_tmp_path, backend):
         target = state(0)
         assert checkpointer.restore(target) == 1
     assert_same(saved, target)
+
+
+def test_posix_saves_overwrite_the_deleted_steps_files_in_place(comm, run_dir):
+    """keep=1 on posix: each save overwrites the files of the step retention deleted (a
+    hard link taken to step 1's file sees step 3's bytes), cut to the new size; shrinking
+    and growing states restore exactly."""
+    sizes = []
+    link = Path(f"{run_dir}-link-{comm.rank}.bin")
+    with hpckpt.Checkpointer(run_dir, comm=comm, backend="posix", keep=1) as checkpointer:
+        for step, rows in enumerate((64, 64, 8, 128, 3), start=1):
+            data = np.full((rows, 5), float(step + comm.rank))
+            checkpointer.save(step, {"x": hpckpt.Local(data)})
+            own = checkpointer.run_dir.step_path(step) / f"data-{comm.rank:05d}.bin"
+            sizes.append(os.stat(own).st_size)
+            if step == 1:
+                os.link(own, link)
+            if step == 3:
+                assert link.read_bytes() == own.read_bytes() == data.tobytes()
+            target = {"x": hpckpt.Local(np.zeros((rows, 5)), resizable=True)}
+            assert checkpointer.restore(target) == step
+            assert target["x"].array.tobytes() == data.tobytes()
+    assert sizes == [rows * 5 * 8 for rows in (64, 64, 8, 128, 3)]
+

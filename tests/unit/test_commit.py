@@ -48,3 +48,20 @@ def test_saving_a_committed_step_again_replaces_it(tmp_path):
     run_dir.commit(replace(make_manifest(), step=5))
     assert (run_dir.step_path(5) / "data.h5").read_bytes() == b"second"
     assert sorted(os.listdir(tmp_path)) == ["step-00000005"]
+
+
+def test_recycling_moves_the_deleted_steps_files_into_the_next_step(tmp_path):
+    run_dir = RunDirectory(tmp_path)
+    commit_step(run_dir, 1)
+    commit_step(run_dir, 2)
+    inode = os.stat(run_dir.step_path(1) / "data.h5").st_ino
+    (run_dir.step_path(1) / "extra.bin").write_bytes(b"x" * 10)
+    assert run_dir.retain(1, recycle=True) == [1]
+    assert sorted(os.listdir(tmp_path / ".recycle")) == ["data.h5", "extra.bin"]
+    temp = run_dir.prepare(3)
+    assert os.stat(temp / "data.h5").st_ino == inode and not os.listdir(tmp_path / ".recycle")
+    run_dir.commit(replace(make_manifest(), step=3))  # lists data.h5 only: extra.bin is removed
+    assert sorted(os.listdir(run_dir.step_path(3))) == ["data.h5", MANIFEST_NAME]
+    assert run_dir.retain(1, recycle=True) == [2] and os.listdir(tmp_path / ".recycle") == ["data.h5"]
+    assert run_dir.retain(1) == [] and not (tmp_path / ".recycle").exists()  # without recycling: removed
+

@@ -1,0 +1,401 @@
+"""The I/O cases of the benchmark suite, side by side in one MPI run (perf/suite.py runs it).
+
+    mpiexec -n 2 .venv/bin/python perf/suite_io.py --mib 512 --repeat 5 --dir .bench-suite --json out.json
+
+Every save is durable (fsync'd) before its time is taken; every restore starts cold
+(``posix_fadvise(DONTNEED)`` on the files read, after they were fsync'd). Each case
+interleaves its ways within a repetition and reports medians and ratios to a baseline
+measured in the same run:
+
+- ``save``: one ``--mib`` MiB float64 array per rank, against a raw file-per-rank write
+  (``os.write`` + fsync, the file truncated first), the same written in place over the
+  file without truncating it, a memcpy, ``numpy.save`` per rank, plain
+  h5py (collective), plain ADIOS2 BP5 and ``torch.distributed.checkpoint`` (gloo);
+- ``restore``: the same state read back, against a raw cold read, plain h5py
+  (collective) and ``torch.distributed.checkpoint``;
+- ``rank_change``: rank 0 alone restores the whole array from the 2-rank step, against
+  restoring it from a step one rank wrote (same bytes, same reader);
+- ``small``: 10,000 arrays per rank, against a raw write of their concatenation, with
+  each step's bytes beyond the data (manifest, library metadata) as a share of the data;
+- ``async``: how long ``save(blocking=False)`` blocks, against a memcpy of the state;
+- ``incremental``: a "fine-tuned" state (the large array frozen, a small head changed)
+  saved fully and as a delta over its base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import hpckpt
+from common import fresh_directory, rank_rows, timed
+
+BACKENDS = ("hdf5", "adios2", "posix")
+
+
+def drop_cache(path: Path) -> None:
+    """Evict ``path``'s files (clean, fsync'd) from the page cache. Not collective."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    for name in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
+        fd = os.open(name, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+
+def measure(
+    comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int, before: Callable[[str], None] | None = None
+) -> dict[str, list[float]]:
+    """Seconds of each way on the slowest rank, ``repeat`` rounds, interleaved; ``before(way)``
+    runs untimed before each. Collective."""
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(repeat):
+        for name, action in ways.items():
+            if before is not None:
+                before(name)
+            comm.Barrier()
+            seconds[name].append(timed(comm, action))
+    return seconds
+
+
+def summary(seconds: dict[str, list[float]], nbytes: int, baseline: str, higher_is_better: bool = True) -> dict:
+    """Medians, GB/s and the ratio of each way to ``baseline`` (bandwidth ratio: >1 is faster)."""
+    base = statistics.median(seconds[baseline])
+    rows = {}
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        rows[name] = {"seconds": values, "median_s": median, "gb_per_s": nbytes / median / 1e9, "ratio": base / median}
+    return {"baseline": baseline, "bytes": nbytes, "ways": rows}
+
+
+def show(title: str, result: dict) -> None:
+    print(f"{title} (baseline {result['baseline']}, {result['bytes'] / 2**20:.0f} MiB):", flush=True)
+    for name, row in result["ways"].items():
+        print(f"  {name:22s} {row['median_s']:8.3f} s  {row['gb_per_s']:6.2f} GB/s  {row['ratio']:5.2f} x", flush=True)
+
+
+class TorchDCP:
+    """torch.distributed.checkpoint over gloo, one tensor per rank under its own key."""
+
+    def __init__(self, comm: MPI.Comm, block: np.ndarray, directory: Path) -> None:
+        import torch
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        port = comm.bcast(29500 + os.getpid() % 2000 if comm.rank == 0 else None)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+        self.dcp, self.torch, self.dist = dcp, torch, dist
+        self.key, self.directory = f"u{comm.rank}", directory
+        self.saved = {self.key: torch.from_numpy(block)}
+        self.target = {self.key: torch.empty(block.shape, dtype=torch.float64)}
+
+    def save(self) -> None:
+        self.dcp.save(self.saved, checkpoint_id=str(self.directory))
+
+    def load(self) -> None:
+        self.dcp.load(self.target, checkpoint_id=str(self.directory))
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+
+def torch_dcp(comm: MPI.Comm, block: np.ndarray, directory: Path) -> TorchDCP | None:
+    try:
+        return TorchDCP(comm, block, directory)
+    except ImportError:
+        if comm.rank == 0:
+            print("  (torch is not installed: no torch.distributed.checkpoint column)")
+        return None
+
+
+def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results: dict) -> dict:
+    """The large-array cases: save, restore, rank_change. Returns the Checkpointers' phases."""
+    import adios2
+    import h5py
+
+    from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
+
+    block, state = rank_rows(comm, mib)
+    rows, total = block.shape[0], block.nbytes * comm.size
+    global_shape = (rows * comm.size, block.shape[1])
+    mine = slice(comm.rank * rows, (comm.rank + 1) * rows)
+    copy = np.empty_like(block)
+    raw_path = root / f"raw-{comm.rank}.bin"
+    npy_path = root / f"numpy-{comm.rank}.npy"
+
+    def raw() -> None:
+        fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, memoryview(block).cast("B"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def raw_in_place() -> None:
+        fd = os.open(root / f"raw-in-place-{comm.rank}.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, memoryview(block).cast("B"), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def numpy_save() -> None:
+        with open(npy_path, "wb") as handle:
+            np.save(handle, block)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def plain_h5py() -> None:
+        with h5py.File(root / "plain.h5", "w", driver="mpio", comm=comm) as h5:
+            dataset = h5.create_dataset("u", shape=global_shape, dtype=block.dtype)
+            with dataset.collective:
+                dataset[mine] = block
+            h5.flush()
+
+    def plain_adios2() -> None:
+        adios = adios2.bindings.ADIOS(comm)
+        io = adios.DeclareIO("bench")
+        io.SetEngine("BP5")
+        io.SetParameters(DEFAULT_PARAMETERS)
+        engine = io.Open(str(root / "plain.bp"), adios2.bindings.Mode.Write)
+        engine.BeginStep()
+        variable = io.DefineVariable("u", block, list(global_shape), [comm.rank * rows, 0], list(block.shape), True)
+        engine.Put(variable, block, adios2.bindings.Mode.Sync)
+        engine.EndStep()
+        engine.Close()
+        fsync_tree(root / "plain.bp")
+
+    checkpointers = {name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name) for name in BACKENDS}
+    steps = iter(range(1, 10**6))
+    ways: dict[str, Callable[[], object]] = {
+        "raw": raw,
+        "raw in place": raw_in_place,
+        "memcpy": lambda: np.copyto(copy, block),
+        "numpy.save": numpy_save,
+        "h5py": plain_h5py,
+        "adios2": plain_adios2,
+    }
+    dcp = torch_dcp(comm, block, root / "dcp")
+    if dcp is not None:
+        ways["torch-dcp"] = dcp.save
+    for name, checkpointer in checkpointers.items():
+        ways[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
+    results["save"] = summary(measure(comm, ways, repeat), total, "raw")
+    phases = {name: checkpointer.last_save.seconds for name, checkpointer in checkpointers.items()}
+
+    target = np.empty_like(block)
+    target_state = {"u": hpckpt.Distributed(target, global_shape=global_shape, offset=(comm.rank * rows, 0))}
+
+    def raw_read() -> None:
+        with open(raw_path, "rb", buffering=0) as handle:
+            handle.readinto(memoryview(target).cast("B"))
+
+    def plain_h5py_read() -> None:
+        with h5py.File(root / "plain.h5", "r", driver="mpio", comm=comm) as h5:
+            dataset = h5["u"]
+            with dataset.collective:
+                dataset.read_direct(target, np.s_[mine])
+
+    reads: dict[str, Callable[[], object]] = {"raw": raw_read, "h5py": plain_h5py_read}
+    sources = {"raw": raw_path, "h5py": root / "plain.h5"}
+    if dcp is not None:
+        reads["torch-dcp"], sources["torch-dcp"] = dcp.load, root / "dcp"
+    for name, checkpointer in checkpointers.items():
+        reads[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.restore(target_state)
+        sources[f"hpckpt-{name}"] = root / name
+    results["restore"] = summary(measure(comm, reads, repeat, lambda way: drop_cache(sources[way])), total, "raw")
+    if not np.array_equal(target, block):
+        raise AssertionError("the last restore did not give back the saved array")
+    for checkpointer in checkpointers.values():
+        checkpointer.close()
+    if dcp is not None:
+        dcp.close()
+    results["rank_change"] = rank_change(comm, root, block, repeat)
+    return phases
+
+
+def rank_change(comm: MPI.Comm, root: Path, block: np.ndarray, repeat: int) -> dict:
+    """Rank 0 restores the whole array from the 2-rank steps and from 1-rank copies of them."""
+    parts = comm.gather(block, root=0)
+    shape = (block.shape[0] * comm.size, block.shape[1])
+    alone = MPI.COMM_SELF
+    whole = np.concatenate(parts) if comm.rank == 0 else None
+    if comm.rank == 0:
+        for name in BACKENDS:
+            with hpckpt.Checkpointer(root / f"{name}-one-rank", comm=alone, keep=1, backend=name) as checkpointer:
+                checkpointer.save(1, {"u": hpckpt.Distributed(whole, global_shape=shape, offset=(0, 0))})
+    target = np.empty(shape) if comm.rank == 0 else None
+    ways: dict[str, Callable[[], object]] = {}
+    directories: dict[str, Path] = {}
+    for name in BACKENDS:
+        for writers, directory in ((comm.size, root / name), (1, root / f"{name}-one-rank")):
+
+            def restore(directory: Path = directory, name: str = name) -> None:
+                if comm.rank == 0:
+                    with hpckpt.Checkpointer(directory, comm=alone, backend=name) as checkpointer:
+                        checkpointer.restore({"u": hpckpt.Distributed(target, global_shape=shape, offset=(0, 0))})
+
+            way = f"{name} from {writers} ranks"
+            ways[way], directories[way] = restore, directory
+    seconds = measure(comm, ways, repeat, lambda way: drop_cache(directories[way]))
+    if comm.rank == 0 and not np.array_equal(target, whole):
+        raise AssertionError("the rank-change restore did not give back the saved array")
+    nbytes = block.nbytes * comm.size
+    return {
+        name: summary({way: s for way, s in seconds.items() if way.startswith(name + " ")}, nbytes, f"{name} from 1 ranks")
+        for name in BACKENDS
+    }
+
+
+def small_arrays(comm: MPI.Comm, root: Path, count: int, kib: int, repeat: int) -> dict:
+    """``count`` Local arrays of ``kib`` KiB per rank, against a raw write of their bytes."""
+    rng = np.random.default_rng(comm.rank)
+    arrays = [rng.standard_normal(kib * 128) for _ in range(count)]
+    state = {"params": {f"a{index:05d}": hpckpt.Local(array) for index, array in enumerate(arrays)}}
+    data = sum(array.nbytes for array in arrays)
+    raw_path = root / f"small-raw-{comm.rank}.bin"
+
+    def raw() -> None:
+        fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            views = [memoryview(array).cast("B") for array in arrays]
+            for start in range(0, len(views), 512):  # at most IOV_MAX buffers per call
+                os.writev(fd, views[start : start + 512])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    checkpointers = {
+        name: hpckpt.Checkpointer(root / f"small-{name}", comm=comm, keep=1, backend=name) for name in BACKENDS
+    }
+    steps = iter(range(1, 10**6))
+    ways: dict[str, Callable[[], object]] = {"raw": raw}
+    for name, checkpointer in checkpointers.items():
+        ways[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
+    result = summary(measure(comm, ways, repeat), data * comm.size, "raw")
+    result["overhead_share"] = {}
+    for name, checkpointer in checkpointers.items():
+        newest = checkpointer.latest_step()  # collective
+        if comm.rank == 0:
+            step_dir = checkpointer.run_dir.step_path(newest)
+            stored = sum(path.stat().st_size for path in step_dir.rglob("*") if path.is_file())
+            result["overhead_share"][f"hpckpt-{name}"] = (stored - data * comm.size) / (data * comm.size)
+            result["manifest_bytes_" + name] = (step_dir / "manifest.json").stat().st_size
+        checkpointer.close()
+    result["count"], result["kib"] = count, kib
+    return result
+
+
+def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: float) -> dict:
+    """How long save(blocking=False) blocks, against one memcpy of the state (per backend)."""
+    block, state = rank_rows(comm, mib)
+    copy = np.empty_like(block)
+    copies = []
+    for _ in range(5):
+        start = time.perf_counter()
+        np.copyto(copy, block)
+        copies.append(time.perf_counter() - start)
+    memcpy = max(comm.allgather(statistics.median(copies)))
+    result = {"memcpy_s": memcpy, "compute_s": compute, "backends": {}}
+    work = np.random.default_rng(1).random(1 << 16) + 1.0
+    for name in BACKENDS:
+        blocked = []
+        with hpckpt.Checkpointer(root / f"async-{name}", comm=comm, backend=name, keep=1) as checkpointer:
+            for step in range(1, saves + 1):
+                comm.Barrier()
+                start = time.perf_counter()
+                checkpointer.save(step, state, blocking=False)
+                blocked.append(time.perf_counter() - start)
+                end = time.perf_counter() + compute
+                while time.perf_counter() < end:
+                    np.sqrt(work, out=work)
+            checkpointer.wait()
+        steady = max(comm.allgather(statistics.median(blocked[1:])))
+        result["backends"][name] = {"first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / memcpy}
+    return result
+
+
+def incremental(comm: MPI.Comm, root: Path, mib: int, repeat: int) -> dict:
+    """A fine-tuned state (frozen array, small changed head): full saves against deltas over the base."""
+    frozen, state = rank_rows(comm, mib)
+    head = np.zeros(2**20 // 8)  # 1 MiB per rank changes between saves
+    state["head"] = hpckpt.Local(head)
+    result: dict = {}
+    for name in BACKENDS:
+        full = hpckpt.Checkpointer(root / f"full-{name}", comm=comm, backend=name, keep=1)
+        delta = hpckpt.Checkpointer(root / f"delta-{name}", comm=comm, backend=name, keep=1)
+        delta.save(0, state)  # the base model
+        steps = iter(range(1, 10**6))
+        written: dict[str, int] = {}
+
+        def save(checkpointer: hpckpt.Checkpointer, base: int | None, way: str) -> None:
+            head[:] += 1.0
+            checkpointer.save(next(steps), state, base=base)
+            written[way] = checkpointer.last_save.written_bytes
+
+        ways = {"full": lambda: save(full, None, "full"), "delta over the base": lambda: save(delta, 0, "delta over the base")}
+        result[name] = summary(measure(comm, ways, repeat), (frozen.nbytes + head.nbytes) * comm.size, "full")
+        result[name]["written_bytes_per_rank"] = written
+        full.close()
+        delta.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, default=512, help="MiB per rank of the large array (default 512)")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions per case (medians; default 5)")
+    parser.add_argument("--small-count", type=int, default=10_000)
+    parser.add_argument("--small-kib", type=int, default=16, help="KiB per small array (default 16)")
+    parser.add_argument("--async-saves", type=int, default=4)
+    parser.add_argument("--async-compute", type=float, default=2.0, help="seconds of work between async saves")
+    parser.add_argument("--dir", default=".bench-suite", help="scratch directory on the file system to measure")
+    parser.add_argument("--json", required=True, help="where rank 0 writes the results")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    root = fresh_directory(comm, args.dir)
+    results: dict = {"ranks": comm.size, "mib_per_rank": args.mib, "repeat": args.repeat, "directory": str(root)}
+    started = time.perf_counter()
+    results["phases_of_last_save"] = save_and_restore(comm, root, args.mib, args.repeat, results)
+    if comm.rank == 0:
+        show("save", results["save"])
+        show("restore (cold)", results["restore"])
+        for name, result in results["rank_change"].items():
+            show(f"restore on rank 0 alone, {name}", result)
+    results["small"] = small_arrays(comm, root, args.small_count, args.small_kib, args.repeat)
+    if comm.rank == 0:
+        show(f"{args.small_count} arrays of {args.small_kib} KiB per rank", results["small"])
+        print("  bytes beyond the data: " + ", ".join(f"{k} {v:.2%}" for k, v in results["small"]["overhead_share"].items()))
+    results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute)
+    if comm.rank == 0:
+        print(f"async: memcpy {results['async']['memcpy_s']:.3f} s; " + ", ".join(
+            f"{k} {v['steady_s']:.3f} s ({v['ratio']:.2f} x)" for k, v in results["async"]["backends"].items()))
+    results["incremental"] = incremental(comm, root, args.mib, args.repeat)
+    if comm.rank == 0:
+        for name, result in results["incremental"].items():
+            show(f"fine-tuned state, {name}", result)
+        results["seconds"] = time.perf_counter() - started
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
