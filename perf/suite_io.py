@@ -63,15 +63,18 @@ def fsync_tree(path: Path) -> None:
 def measure(
     comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int, before: Callable[[str], None] | None = None
 ) -> dict[str, list[float]]:
-    """Seconds of each way on the slowest rank, ``repeat`` rounds, interleaved; ``before(way)``
-    runs untimed before each. Collective."""
+    """Seconds of each way on the slowest rank, ``repeat`` rounds after an untimed warm-up
+    round (first touch of buffers, first files), interleaved; ``before(way)`` runs untimed
+    before each. Collective."""
     seconds: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(repeat):
+    for round_ in range(repeat + 1):
         for name, action in ways.items():
             if before is not None:
                 before(name)
             comm.Barrier()
-            seconds[name].append(timed(comm, action))
+            elapsed = timed(comm, action)
+            if round_:
+                seconds[name].append(elapsed)
     return seconds
 
 

@@ -306,6 +306,11 @@ def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -
         common = intersection(stored_box, box)
         if common is None:
             continue
+        if common == stored_box:  # the whole block lands in this rank's box
+            view = destination[local_slices(common, box)]
+            if view.flags.c_contiguous:  # e.g. a block of whole rows: read straight into place
+                pieces.append(_Piece(BlockData(record, block, view), destination, None))
+                continue
         buffer = np.empty(block.shape, dtype=record.dtype)
         slices = (local_slices(common, box), local_slices(common, stored_box))
         pieces.append(_Piece(BlockData(record, block, buffer), destination, slices))

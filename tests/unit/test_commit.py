@@ -19,7 +19,7 @@ def test_commit_writes_manifest_last_and_renames(tmp_path):
     assert sorted(os.listdir(tmp_path / "run")) == ["step-00000003"]
     assert sorted(os.listdir(run_dir.step_path(3))) == ["data.h5", MANIFEST_NAME]
     assert run_dir.committed_steps() == [3]
-    assert '"step": 3' in run_dir.read_manifest(3)
+    assert '"step":3' in run_dir.read_manifest(3)
 
 
 def test_uncommitted_and_transient_directories_are_ignored(tmp_path):
