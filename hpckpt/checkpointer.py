@@ -70,7 +70,10 @@ class Checkpointer:
     backend_options
         Keyword arguments of the named backend: for ``"adios2"``, ``parameters``
         (engine parameters such as ``{"NumAggregators": "2"}``); for ``"posix"``,
-        ``ranks_per_file``, ``block_alignment``, ``segment_alignment``.
+        ``ranks_per_file``, ``block_alignment``, ``segment_alignment``,
+        ``compression`` (``"blosc2"``, lossless) and ``lossy`` (``{"solver/*": 1e-8}``:
+        float leaves whose path matches are stored by ZFP within that absolute error;
+        only where the application can live with it, see docs/performance.md).
     protocol
         ``"coordinated"``: all ranks save the same step in one call, committed
         globally. ``"uncoordinated"``: each rank saves when it likes, alone; messages

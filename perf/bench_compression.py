@@ -1,4 +1,4 @@
-"""Compression of real states: hpckpt's blosc2 codec against zstd level 3 on the raw bytes.
+"""Compression of real states: hpckpt's codecs (blosc2; zfp, lossy) against zstd level 3.
 
 Run on one process (the codecs run per rank, on that rank's blocks):
 
@@ -7,7 +7,8 @@ Run on one process (the codecs run per rank, on that rank's blocks):
 States: the heat solver's field (N = 2048) after 300 Jacobi sweeps, and the training
 example's parameters with its Adam moments (hidden = 65536) after 100 steps. For each:
 size ratio (raw / stored) and compress and decompress speed in GB/s of raw data, medians
-of ``--repeat`` runs; then a durable save (fsync) of the heat state with the posix
+of ``--repeat`` runs, for blosc2, zstd level 3 and ZFP at absolute errors 1e-6 and 1e-3
+(the error bound is checked); then a durable save (fsync) of the heat state with the posix
 backend with and without compression, and each restore, timed alike.
 """
 
@@ -57,7 +58,7 @@ def median_seconds(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(seconds)
 
 
-def compare_codecs(name: str, array: np.ndarray, repeat: int) -> None:
+def compare_codecs(name: str, array: np.ndarray, repeat: int, tolerances: tuple[float, ...] = (1e-6, 1e-3)) -> None:
     raw = array.nbytes
     blosc = codec.encode(array)
     back = np.empty_like(array)
@@ -69,6 +70,12 @@ def compare_codecs(name: str, array: np.ndarray, repeat: int) -> None:
         "zstd level 3": (len(packed), median_seconds(lambda: zstd_c.compress(array.tobytes()), repeat),
                          median_seconds(lambda: zstd_d.decompress(packed), repeat)),
     }  # fmt: skip
+    for tolerance in tolerances:
+        lossy = codec.encode_lossy(array, tolerance)
+        rows[f"zfp, error {tolerance:g}"] = (lossy.nbytes, median_seconds(lambda: codec.encode_lossy(array, tolerance), repeat),
+                                             median_seconds(lambda: codec.decode_lossy(lossy, back), repeat))  # fmt: skip
+        codec.decode_lossy(lossy, back)
+        assert np.abs(back - array).max() <= tolerance
     print(f"{name}: {raw / 2**20:.1f} MiB of {array.dtype}")
     for label, (stored, pack, unpack) in rows.items():
         print(f"  {label:16s} ratio {raw / stored:5.2f}  compress {raw / pack / 1e9:5.2f} GB/s  "

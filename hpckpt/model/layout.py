@@ -29,6 +29,7 @@ class LeafPlan:
     checksum: str
     encoding: str | None = None
     stored_bytes: int | None = None  # compressed by the backend: the bytes it stores
+    codec: str | None = None  # and the codec that made them
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,6 @@ def _encoding_name(encoding: str | None) -> str:
     return "an hpckpt.Pickled object" if encoding == "pickle" else "an array"
 
 
-def _stored(leaf: LeafPlan) -> dict[str, int]:
-    """The block's starting location: its stored size when the backend compresses."""
-    return {} if leaf.stored_bytes is None else {"stored_bytes": leaf.stored_bytes}
+def _stored(leaf: LeafPlan) -> dict[str, Any]:
+    """The block's starting location: its stored size and codec when the backend compresses."""
+    return {} if leaf.stored_bytes is None else {"stored_bytes": leaf.stored_bytes, "codec": leaf.codec}

@@ -35,7 +35,7 @@ from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
 from ..model.layout import LeafPlan, RankPlan, merge_plans
 from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import flatten
-from ..storage.base import Backend, BlockData
+from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory
 from ..testing import faults
 
@@ -56,12 +56,13 @@ class SaveReport:
 
 
 def plan_local(
-    state: Any, encode: Callable[[np.ndarray], np.ndarray] | None = None
+    state: Any, encode: Callable[[str, np.ndarray], Encoded] | None = None
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
-    Not collective. ``encode`` (a backend's compression) turns each host array into
-    the bytes stored for it; checksums are of the arrays themselves.
+    Not collective. ``encode(path, array)`` (a backend's compression) gives the bytes
+    stored for each host array; checksums are of what a restore gives back (the array
+    itself, or its lossy reconstruction).
     """
     leaves = []
     arrays: dict[str, np.ndarray] = {}
@@ -74,8 +75,8 @@ def plan_local(
         if isinstance(leaf, Pickled):
             leaf.pickle()
         host = as_host_array(leaf.array, slot.path)
-        stored = host if encode is None else encode(host)
-        arrays[slot.path] = stored
+        encoded = encode(slot.path, host) if encode is not None else Encoded(host, None, host)
+        arrays[slot.path] = encoded.stored
         is_distributed = leaf.kind == "distributed"
         leaves.append(
             LeafPlan(
@@ -85,9 +86,10 @@ def plan_local(
                 shape=host.shape,
                 offset=leaf.offset if is_distributed else (),
                 global_shape=leaf.global_shape if is_distributed else None,
-                checksum=block_checksum(host),
+                checksum=block_checksum(encoded.restored),
                 encoding=getattr(leaf, "encoding", None),
-                stored_bytes=None if stored is host else stored.nbytes,
+                stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
+                codec=encoded.codec,
             )
         )
     return RankPlan(tuple(leaves), values), arrays

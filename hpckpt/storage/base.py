@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
@@ -33,6 +33,15 @@ from ..model.manifest import Block, LeafRecord
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+
+class Encoded(NamedTuple):
+    """A block as a backend stores it: ``stored`` bytes made by ``codec`` (None: the array
+    itself), and ``restored``, what reading them gives back (the array, unless lossy)."""
+
+    stored: np.ndarray
+    codec: str | None
+    restored: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -63,9 +72,10 @@ class Backend(Protocol):
     # Optional: ``writes_in_place = True`` says ``write`` overwrites files that already exist
     # in the step directory without truncating them first (and cuts them to size after):
     # retention then recycles the deleted step's files for the next save (storage/commit.py).
-    # Optional: ``encode(array) -> np.ndarray``, the bytes stored for a block (compression),
-    # called on each rank before the layout; ``layout`` then finds each block's size in
-    # ``block.location["stored_bytes"]`` and ``read`` decodes (see storage/posix.py).
+    # Optional: ``encode(path, array) -> Encoded``, the bytes stored for a block of leaf
+    # ``path`` (compression), called on each rank before the layout; ``layout`` then finds
+    # each block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
+    # and ``read`` decodes (see storage/posix.py).
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that the library parses but no

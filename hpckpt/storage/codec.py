@@ -1,19 +1,31 @@
-"""Lossless compression of stored blocks (the posix backend's ``compression`` option).
+"""Compression of stored blocks (the posix backend's ``compression`` and ``lossy`` options).
 
-``"blosc2"``: Blosc2 with zstd level 1 and byte shuffling by the element size, which
-groups the exponent bytes of floating-point data. A block is compressed in pieces of
-256 MiB (Blosc2 takes at most 2 GiB at once); the stored bytes are a little-endian
-uint64 count of pieces, their compressed sizes, then the pieces. Checksums are taken
-on the uncompressed data, so a restored block is verified after decompression.
+``"blosc2"`` (lossless): Blosc2 with zstd level 1 and byte shuffling by the element
+size, which groups the exponent bytes of floating-point data. A block is compressed in
+pieces of 256 MiB (Blosc2 takes at most 2 GiB at once); the stored bytes are a
+little-endian uint64 count of pieces, their compressed sizes, then the pieces.
+
+``"zfp"`` (lossy, error-bounded): ZFP in fixed-accuracy mode through ``zfpy``: every
+restored value is within the given absolute tolerance of the saved one. For float32
+and float64 blocks of 1 to 4 dimensions; the stored bytes are the xxh3_64 of the ZFP
+stream (8 bytes, little-endian) and the stream, checked before ZFP parses it.
+
+Checksums in the manifest are of what a restore gives back (the data, or its lossy
+reconstruction), so a restored block is verified after decompression.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ..checksum import block_checksum
+
 CODECS = ("blosc2",)
+LOSSY_CODEC = "zfp"
 _PIECE = 256 << 20
 
 
@@ -77,3 +89,56 @@ def decode(stored: np.ndarray, into: np.ndarray) -> None:
             raise ValueError(f"compressed piece {index} does not hold {target.size} bytes")
         blosc2.decompress2(piece.tobytes(), dst=target)
         position += int(size)
+
+
+def _zfpy() -> Any:
+    try:
+        import zfpy
+    except ImportError as exc:
+        raise ImportError("lossy compression needs the zfpy package: pip install zfpy") from exc
+    return zfpy
+
+
+def check_lossy(tolerances: Mapping[str, float] | None) -> dict[str, float]:
+    """Leaf-path patterns and their absolute error bounds, checked; ValueError if not positive."""
+    checked = {}
+    for pattern, tolerance in (tolerances or {}).items():
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < math.inf:
+            raise ValueError(f"lossy tolerance of {pattern!r} must be a positive number, got {tolerance!r}")
+        checked[str(pattern)] = float(tolerance)
+    if checked:
+        _zfpy()
+    return checked
+
+
+def lossy_applies(array: np.ndarray) -> bool:
+    """Whether ZFP can store ``array``: float32 or float64, 1 to 4 dimensions, not empty."""
+    return array.dtype in (np.float32, np.float64) and array.dtype.isnative and 1 <= array.ndim <= 4 and array.size > 0
+
+
+def encode_lossy(array: np.ndarray, tolerance: float) -> np.ndarray:
+    """The stored bytes of ``array`` compressed by ZFP to within ``tolerance`` (absolute)."""
+    stream = np.frombuffer(_zfpy().compress_numpy(array, tolerance=tolerance), dtype=np.uint8)
+    digest = np.array([int(block_checksum(stream), 16)], dtype="<u8").view(np.uint8)
+    return np.concatenate([digest, stream])
+
+
+def decode_lossy(stored: np.ndarray, into: np.ndarray) -> None:
+    """Decompress ``stored`` (from :func:`encode_lossy`) into ``into``; ValueError if it does
+    not verify or does not hold an array of ``into``'s shape and dtype."""
+    if stored.size < 8 or int(stored[:8].view("<u8")[0]) != int(block_checksum(stored[8:]), 16):
+        raise ValueError("ZFP stream does not match its stored checksum")
+    restored = _zfpy().decompress_numpy(stored[8:].tobytes())
+    if restored.shape != into.shape or restored.dtype != into.dtype:
+        raise ValueError(f"ZFP stream holds {restored.dtype} {restored.shape}, expected {into.dtype} {into.shape}")
+    into[...] = restored
+
+
+def decode_as(name: str, stored: np.ndarray, into: np.ndarray) -> None:
+    """Decode ``stored`` made by codec ``name`` into ``into``; ValueError for unknown codecs."""
+    if name == LOSSY_CODEC:
+        decode_lossy(stored, into)
+    elif name in CODECS:
+        decode(stored, into)
+    else:
+        raise ValueError(f"unknown codec {name!r}")

@@ -13,7 +13,11 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
   bytes are the C-order array in the manifest's dtype (byte order included);
 - with ``compression="blosc2"`` each block is compressed on its rank before the layout
   (:mod:`hpckpt.storage.codec`), and its location adds ``"stored_bytes"`` and
-  ``"codec"``; checksums stay those of the uncompressed data.
+  ``"codec"``; checksums stay those of the uncompressed data;
+- with ``lossy={"solver/*": 1e-8}``, float blocks of the leaves whose path matches a
+  pattern are stored by ZFP within that absolute error (``"codec": "zfp"``; the
+  smallest tolerance of the matching patterns); their checksums are of the
+  reconstruction a restore gives back.
 
 Every rank writes its own segment with ``pwrite`` and fsyncs it; no two ranks write
 the same byte. A file already in the step directory (recycled from a deleted step by
@@ -25,7 +29,8 @@ straight into the destination array.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from fnmatch import fnmatchcase
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,7 +39,7 @@ import numpy as np
 
 from ..model.manifest import Block, LeafRecord
 from . import codec
-from .base import BlockData
+from .base import BlockData, Encoded
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -76,15 +81,26 @@ class PosixBackend:
         block_alignment: int = 64,
         segment_alignment: int = 1 << 20,
         compression: str | None = None,
+        lossy: Mapping[str, float] | None = None,
     ) -> None:
         self.ranks_per_file = _positive_int("ranks_per_file", ranks_per_file)
         self.block_alignment = _positive_int("block_alignment", block_alignment)
         self.segment_alignment = _positive_int("segment_alignment", segment_alignment)
         self.compression = codec.check_codec(compression)
+        self.lossy = codec.check_lossy(lossy)
 
-    def encode(self, array: np.ndarray) -> np.ndarray:
-        """The bytes stored for ``array``: compressed, or ``array`` itself. Not collective."""
-        return codec.encode(array) if self.compression else array
+    def encode(self, path: str, array: np.ndarray) -> Encoded:
+        """How ``array`` (a block of leaf ``path``) is stored. Not collective."""
+        tolerances = [tolerance for pattern, tolerance in self.lossy.items() if fnmatchcase(path, pattern)]
+        if tolerances and codec.lossy_applies(array):
+            stored = codec.encode_lossy(array, min(tolerances))
+            if stored.nbytes < array.nbytes:  # else (noise, tiny arrays) store it losslessly
+                restored = np.empty_like(array)
+                codec.decode_lossy(stored, restored)
+                return Encoded(stored, codec.LOSSY_CODEC, restored)
+        if self.compression:
+            return Encoded(codec.encode(array), self.compression, array)
+        return Encoded(array, None, array)
 
     def file_of(self, rank: int) -> str:
         """The file that holds ``rank``'s segment."""
@@ -115,7 +131,7 @@ class PosixBackend:
                 offset = segment_start[rank] + relative[(record.path, block.rank)]
                 location = {"file": self.file_of(rank), "offset": offset}
                 if "stored_bytes" in block.location:
-                    location.update(stored_bytes=block.location["stored_bytes"], codec=self.compression)
+                    location.update(stored_bytes=block.location["stored_bytes"], codec=block.location["codec"])
                 blocks.append(replace(block, location=location))
             placed.append(replace(record, blocks=tuple(blocks)))
         return tuple(placed)
@@ -168,7 +184,7 @@ class PosixBackend:
                 stored = np.empty(int(location["stored_bytes"]), dtype=np.uint8)
                 _read_all(descriptors[name], stored, location["offset"], directory / name)
                 try:
-                    codec.decode(stored, request.array)
+                    codec.decode_as(location["codec"], stored, request.array)
                 except ValueError as exc:
                     raise OSError(
                         f"leaf {request.record.path!r}, block of rank {request.block.rank} in {directory / name} "

@@ -64,3 +64,50 @@ def test_a_piece_of_the_wrong_size_is_refused():
 def test_unknown_codec_names_the_choices():
     with pytest.raises(ValueError, match="unknown compression 'lz5'; expected one of blosc2 or None"):
         codec.check_codec("lz5")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(5000,), (60, 70), (10, 12, 14), (4, 5, 6, 7)])
+@pytest.mark.parametrize("tolerance", [1e-2, 1e-5])
+def test_lossy_round_trip_stays_within_the_tolerance(dtype, shape, tolerance):
+    pytest.importorskip("zfpy")
+    array = np.cumsum(np.random.default_rng(1).standard_normal(shape), axis=-1).astype(dtype)
+    stored = codec.encode_lossy(array, tolerance)
+    restored = np.empty_like(array)
+    codec.decode_lossy(stored, restored)
+    assert np.abs(restored.astype(np.float64) - array).max() <= tolerance
+
+
+def test_lossy_compression_of_a_smooth_field():
+    pytest.importorskip("zfpy")
+    grid = np.linspace(0, 3, 256)
+    field = np.sin(grid)[:, None] * np.cos(grid)[None, :]
+    assert codec.encode_lossy(field, 1e-6).nbytes < field.nbytes / 4
+
+
+def test_lossy_streams_are_checked_before_zfp_parses_them():
+    pytest.importorskip("zfpy")
+    array = np.linspace(0, 1, 1000)
+    stored = codec.encode_lossy(array, 1e-6)
+    for position in (3, 8, stored.size // 2, stored.size - 1):
+        damaged = stored.copy()
+        damaged[position] ^= 0xFF
+        with pytest.raises(ValueError, match="ZFP stream does not match its stored checksum"):
+            codec.decode_lossy(damaged, np.empty_like(array))
+    with pytest.raises(ValueError, match=r"ZFP stream holds float64 \(1000,\), expected float64 \(10, 100\)"):
+        codec.decode_lossy(stored, np.empty((10, 100)))
+    with pytest.raises(ValueError, match="unknown codec 'lz9'"):
+        codec.decode_as("lz9", stored, np.empty_like(array))
+
+
+def test_lossy_applies_to_float_arrays_of_one_to_four_dimensions_only():
+    assert codec.lossy_applies(np.zeros((2, 3), np.float32))
+    for array in (np.zeros(3, np.int64), np.zeros(()), np.zeros((1,) * 5), np.zeros((0, 4)), np.zeros(3, ">f8"),
+                  np.zeros(3, np.complex128)):  # fmt: skip
+        assert not codec.lossy_applies(array), array
+
+
+@pytest.mark.parametrize("tolerance", [0, -1e-3, float("nan"), float("inf"), True, "1e-3"])
+def test_lossy_tolerances_must_be_positive_numbers(tolerance):
+    with pytest.raises(ValueError, match=r"lossy tolerance of 'u/\*' must be a positive number"):
+        codec.check_lossy({"u/*": tolerance})
