@@ -5,8 +5,8 @@ On disk, a run directory holds::
     step-00000010/            committed: data files + manifest.json
     step-00000020.tmp/        being written (or left by a crash): never restored
     step-00000005.deleting/   being removed by retention: never restored
-    .recycle/                 data files of the last deleted step, overwritten in place
-                              by the next save (backends that write in place only)
+    .recycle/                 data files (and directories) of the last deleted step,
+                              reused by the next save (backends that write in place only)
 
 The sequence for step N (rank 0 does every call here; others only write data):
 ``prepare(N)`` makes an empty ``step-N.tmp``; the backend writes into it; ``commit``
@@ -54,6 +54,20 @@ def _mib(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
+def _tree_size(path: Path) -> int:
+    """Bytes of the regular file ``path``, or of the files under the directory ``path``."""
+    if not path.is_dir():
+        return path.stat().st_size
+    return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file())
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
 def _fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -73,7 +87,7 @@ class RunDirectory:
         self.root = Path(root)
         self.striping = striping
         self._references: dict[int, frozenset[int]] = {}  # step -> steps it reads blocks of
-        self._recycled: set[str] = set()  # files moved into the step being written
+        self._recycled: set[str] = set()  # entries moved into the step being written
 
     def step_path(self, step: int) -> Path:
         """The directory of committed step ``step``."""
@@ -115,7 +129,7 @@ class RunDirectory:
         if temp.exists():
             shutil.rmtree(temp)
         recycle = self.root / RECYCLE_NAME
-        spare = {entry.name: entry.stat().st_size for entry in os.scandir(recycle)} if recycle.is_dir() else {}
+        spare = {entry.name: _tree_size(Path(entry.path)) for entry in os.scandir(recycle)} if recycle.is_dir() else {}
         free = shutil.disk_usage(self.root).free + sum(spare.values())
         if needed_bytes and free < needed_bytes + SPACE_SLACK:
             steps = self.committed_steps()
@@ -143,8 +157,8 @@ class RunDirectory:
         """
         step = manifest.step
         temp = self.temp_path(step)
-        for stray in self._recycled - set(manifest.files):
-            os.unlink(temp / stray)  # recycled files the backend did not write over
+        for stray in self._recycled - set(manifest.files):  # recycled, but not reused by the backend
+            _remove(temp / stray)
         self._recycled = set()
         self._references[step] = frozenset(referenced_steps(manifest))
         sizes: dict[str, int | None] = {}
@@ -210,10 +224,10 @@ class RunDirectory:
 
     @staticmethod
     def _keep_files_of(step_dir: Path, recycle_dir: Path) -> None:
-        """Move the regular data files of a deleted step into ``recycle_dir``."""
+        """Move the data files and directories of a deleted step into ``recycle_dir``."""
         recycle_dir.mkdir(mode=DIRECTORY_MODE)
         for entry in os.scandir(step_dir):
-            if entry.is_file(follow_symlinks=False) and entry.name != MANIFEST_NAME:
+            if not entry.is_symlink() and entry.name != MANIFEST_NAME:
                 os.replace(entry.path, recycle_dir / entry.name)
 
     def references(self, step: int) -> frozenset[int]:

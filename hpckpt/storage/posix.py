@@ -123,16 +123,17 @@ class PosixBackend:
             else:
                 previous_end = segment_start[rank - 1] + segment_bytes.get(rank - 1, 0)
                 segment_start[rank] = _round_up(previous_end, self.segment_alignment)
+        files = [self.file_of(rank) for rank in range(world)]
         placed = []
         for record in records:
             blocks = []
             for block in record.blocks:
                 rank = block.rank if record.kind != "replicated" else 0
-                offset = segment_start[rank] + relative[(record.path, block.rank)]
-                location = {"file": self.file_of(rank), "offset": offset}
+                location = {"file": files[rank], "offset": segment_start[rank] + relative[(record.path, block.rank)]}
                 if "stored_bytes" in block.location:
                     location.update(stored_bytes=block.location["stored_bytes"], codec=block.location["codec"])
-                blocks.append(replace(block, location=location))
+                # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
+                blocks.append(Block(block.rank, block.offset, block.shape, block.checksum, location))
             placed.append(replace(record, blocks=tuple(blocks)))
         return tuple(placed)
 

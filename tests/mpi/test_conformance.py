@@ -17,6 +17,7 @@ import pytest
 import hpckpt
 from hpckpt.testing.faults import ENV as FAULT_ENV
 
+MPI = pytest.importorskip("mpi4py.MPI")
 pytestmark = pytest.mark.mpi
 
 
@@ -303,24 +304,59 @@ def test_ten_thousand_leaves_and_non_ascii_names(mpi_tmp_path, backend):
     assert_same(saved, target)
 
 
-def test_posix_saves_overwrite_the_deleted_steps_files_in_place(comm, run_dir):
-    """keep=1 on posix: each save overwrites the files of the step retention deleted (a
-    hard link taken to step 1's file sees step 3's bytes), cut to the new size; shrinking
-    and growing states restore exactly."""
-    sizes = []
-    link = Path(f"{run_dir}-link-{comm.rank}.bin")
-    with hpckpt.Checkpointer(run_dir, comm=comm, backend="posix", keep=1) as checkpointer:
-        for step, rows in enumerate((64, 64, 8, 128, 3), start=1):
+MAIN_FILE = {"posix": "data-{rank:05d}.bin", "hdf5": "data.h5", "adios2": "data.bp/data.0"}
+
+
+@pytest.mark.parametrize("name", ["posix", "hdf5", "adios2"])
+def test_saves_reuse_the_deleted_steps_files(comm, run_dir, name):
+    """keep=1: each save writes into the files of the step retention deleted (a hard link
+    taken to step 1's file sees step 3's bytes), cut to the new size; states that shrink
+    and grow restore exactly; hdf5 writes in place when the datasets match."""
+    from hpckpt.storage import open_backend
+
+    backend = open_backend(name)
+    reused = []
+    if name == "hdf5":
+        opened = backend._open_for_write
+        backend._open_for_write = lambda *args: reused.append(opened(*args)) or reused[-1]
+    link = Path(f"{run_dir}-link-{comm.rank}")
+    shapes = (64, 64, 64, 8, 8, 8)
+    with hpckpt.Checkpointer(run_dir, comm=comm, backend=backend, keep=1) as checkpointer:
+        for step, rows in enumerate(shapes, start=1):
             data = np.full((rows, 5), float(step + comm.rank))
             checkpointer.save(step, {"x": hpckpt.Local(data)})
-            own = checkpointer.run_dir.step_path(step) / f"data-{comm.rank:05d}.bin"
-            sizes.append(os.stat(own).st_size)
+            main = checkpointer.run_dir.step_path(step) / MAIN_FILE[name].format(rank=comm.rank)
             if step == 1:
-                os.link(own, link)
+                os.link(main, link)
             if step == 3:
-                assert link.read_bytes() == own.read_bytes() == data.tobytes()
+                assert os.stat(link).st_ino == os.stat(main).st_ino  # step 1's file, written again
             target = {"x": hpckpt.Local(np.zeros((rows, 5)), resizable=True)}
             assert checkpointer.restore(target) == step
             assert target["x"].array.tobytes() == data.tobytes()
-    assert sizes == [rows * 5 * 8 for rows in (64, 64, 8, 128, 3)]
+            if name == "posix":
+                assert os.stat(main).st_size == rows * 5 * 8
+    if name == "hdf5":
+        assert [in_place for _, in_place in reused] == [False, False, True, False, False, True]
 
+
+@pytest.mark.mpi(min_size=4)
+def test_a_recycled_adios2_directory_keeps_only_the_files_written_again(world, mpi_tmp_path):
+    run_dir = mpi_tmp_path / "adios2-recycled"
+    state = {"x": hpckpt.Local(np.arange(1000.0) + world.rank)}
+    four = {"backend": "adios2", "backend_options": {"parameters": {"NumAggregators": str(world.size)}}}
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=1, **four) as checkpointer:
+        checkpointer.save(1, state)
+        checkpointer.save(2, state)  # step 1's data.bp (a subfile per rank) goes to .recycle/
+    pair = world.Split(0 if world.rank < 2 else MPI.UNDEFINED, world.rank)
+    if pair == MPI.COMM_NULL:
+        return
+    one = {"backend": "adios2", "backend_options": {"parameters": {"NumAggregators": "1"}}}
+    with hpckpt.Checkpointer(run_dir, comm=pair, keep=1, **one) as checkpointer:
+        checkpointer.save(3, {"x": hpckpt.Local(np.arange(10.0) * (pair.rank + 1))})
+        target = {"x": hpckpt.Local(np.zeros(10))}
+        assert checkpointer.restore(target) == 3
+    assert target["x"].array.tolist() == (np.arange(10.0) * (pair.rank + 1)).tolist()
+    files = sorted(os.listdir(run_dir / "step-00000003" / "data.bp"))
+    assert [name for name in files if name.startswith("data.")] == ["data.0"], files
+    assert hpckpt.CheckpointReader(run_dir).verify(3) == []
+    pair.Free()
