@@ -2,7 +2,8 @@
 
     mpiexec -n 2 .venv/bin/python perf/suite_io.py --mib 512 --repeat 5 --dir .bench-suite --json out.json
 
-Every save is durable (fsync'd) before its time is taken; every restore starts cold
+Every save is durable (fsync'd) before its time is taken, after two untimed rounds;
+every restore starts cold
 (``posix_fadvise(DONTNEED)`` on the files read, after they were fsync'd). Each case
 interleaves its ways within a repetition and reports medians and ratios to a baseline
 measured in the same run:
@@ -40,6 +41,9 @@ import hpckpt
 from common import fresh_directory, rank_rows, timed
 
 BACKENDS = ("hdf5", "adios2", "posix")
+# Untimed rounds first: buffers touched, first files made, and, with keep=1, the steady
+# state begins at the third save, the first that reuses the files of a deleted step.
+WARM_UP = 2
 
 
 def drop_cache(path: Path) -> None:
@@ -63,17 +67,16 @@ def fsync_tree(path: Path) -> None:
 def measure(
     comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int, before: Callable[[str], None] | None = None
 ) -> dict[str, list[float]]:
-    """Seconds of each way on the slowest rank, ``repeat`` rounds after an untimed warm-up
-    round (first touch of buffers, first files), interleaved; ``before(way)`` runs untimed
-    before each. Collective."""
+    """Seconds of each way on the slowest rank, ``repeat`` rounds after ``WARM_UP`` untimed
+    ones, interleaved; ``before(way)`` runs untimed before each. Collective."""
     seconds: dict[str, list[float]] = {name: [] for name in ways}
-    for round_ in range(repeat + 1):
+    for round_ in range(WARM_UP + repeat):
         for name, action in ways.items():
             if before is not None:
                 before(name)
             comm.Barrier()
             elapsed = timed(comm, action)
-            if round_:
+            if round_ >= WARM_UP:
                 seconds[name].append(elapsed)
     return seconds
 
