@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, rank_rows
+from common import fresh_directory, memcpy_seconds, rank_rows
 
 
 def compute(seconds: float, work: np.ndarray) -> None:
@@ -42,12 +42,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     root = fresh_directory(comm, args.dir)
     block, state = rank_rows(comm, args.mib)
-    target = np.empty_like(block)
-    copies = []
-    for _ in range(5):
-        start = time.perf_counter()
-        np.copyto(target, block)
-        copies.append(time.perf_counter() - start)
+    memcpy = memcpy_seconds(comm, block)
     work = np.random.default_rng(1).random(1 << 16) + 1.0
     blocked = []
     with hpckpt.Checkpointer(root / "ckpt", comm=comm, backend=args.backend, keep=2) as checkpointer:
@@ -59,7 +54,6 @@ def main() -> None:
             compute(args.compute, work)
         checkpointer.wait()
         written = checkpointer.saves
-    memcpy = max(comm.allgather(statistics.median(copies)))
     first = max(comm.allgather(blocked[0]))
     steady = max(comm.allgather(statistics.median(blocked[1:])))
     if comm.rank == 0:

@@ -17,15 +17,12 @@ seconds and GB/s of each and the ratio to the raw baseline:
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 
-import adios2
-import h5py
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, print_bandwidths, rank_rows, time_ways
+from common import fresh_directory, print_bandwidths, rank_rows, time_ways, write_plain_adios2, write_plain_h5py, write_raw
 from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
 
 
@@ -41,40 +38,15 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     root = fresh_directory(comm, args.dir)
     block, state = rank_rows(comm, args.mib)
-    rows = block.shape[0]
-    global_shape = (rows * comm.size, 1024)
 
     def raw() -> None:
-        path = root / f"raw-{comm.rank}.bin"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, memoryview(block).cast("B"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_raw(root / f"raw-{comm.rank}.bin", block)
 
     def plain_h5py() -> None:
-        with h5py.File(root / "plain.h5", "w", driver="mpio", comm=comm) as h5:
-            dataset = h5.create_dataset("u", shape=global_shape, dtype=block.dtype)
-            with dataset.collective:
-                dataset[comm.rank * rows : (comm.rank + 1) * rows] = block
-            h5.flush()
+        write_plain_h5py(comm, root / "plain.h5", block)
 
     def plain_adios2() -> None:
-        adios = adios2.bindings.ADIOS(comm)
-        io = adios.DeclareIO("bench")
-        io.SetEngine("BP5")
-        io.SetParameters(adios2_parameters)
-        engine = io.Open(str(root / "plain.bp"), adios2.bindings.Mode.Write)
-        engine.BeginStep()
-        variable = io.DefineVariable("u", block, list(global_shape), [comm.rank * rows, 0], list(block.shape), True)
-        engine.Put(variable, block, adios2.bindings.Mode.Sync)
-        engine.EndStep()
-        engine.Close()
-        for name in os.listdir(root / "plain.bp"):
-            fd = os.open(root / "plain.bp" / name, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+        write_plain_adios2(comm, root / "plain.bp", block, adios2_parameters)
 
     options = {"adios2": {"parameters": adios2_parameters}}
     checkpointers = {

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -56,3 +57,71 @@ def print_bandwidths(seconds: dict[str, list[float]], total_bytes: int, baseline
     for name, values in seconds.items():
         median = statistics.median(values)
         print(f"  {name:14s} {median:7.3f} s  {total_bytes / median / 1e9:5.2f} GB/s  {base / median:5.2f} x {baseline}")
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync the file ``path``, or every file under the directory ``path``. Not collective."""
+    for name in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
+        descriptor = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def write_raw(path: Path, block: np.ndarray, *, truncate: bool = True) -> None:
+    """``block``'s bytes into ``path`` with one write at offset 0, then fsync. Not collective.
+
+    ``truncate=False`` writes over an existing file in place (no blocks freed).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+    descriptor = os.open(path, flags, 0o644)
+    try:
+        os.pwrite(descriptor, memoryview(block).cast("B"), 0)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_plain_h5py(comm: MPI.Comm, path: Path, block: np.ndarray) -> None:
+    """Plain h5py: this rank's rows of one shared dataset, collective, flushed. Collective."""
+    import h5py
+
+    rows = block.shape[0]
+    with h5py.File(path, "w", driver="mpio", comm=comm) as h5:
+        dataset = h5.create_dataset("u", shape=(rows * comm.size, *block.shape[1:]), dtype=block.dtype)
+        with dataset.collective:
+            dataset[comm.rank * rows : (comm.rank + 1) * rows] = block
+        h5.flush()
+
+
+def write_plain_adios2(comm: MPI.Comm, path: Path, block: np.ndarray, parameters: Mapping[str, str]) -> None:
+    """Plain ADIOS2 BP5: this rank's rows of one global array, then fsync. Collective."""
+    import adios2
+
+    rows = block.shape[0]
+    adios = adios2.bindings.ADIOS(comm)
+    io = adios.DeclareIO("bench")
+    io.SetEngine("BP5")
+    io.SetParameters(dict(parameters))
+    engine = io.Open(str(path), adios2.bindings.Mode.Write)
+    engine.BeginStep()
+    shape, start = [rows * comm.size, *block.shape[1:]], [comm.rank * rows] + [0] * (block.ndim - 1)
+    variable = io.DefineVariable("u", block, shape, start, list(block.shape), True)
+    engine.Put(variable, block, adios2.bindings.Mode.Sync)
+    engine.EndStep()
+    engine.Close()
+    if comm.rank == 0:
+        fsync_tree(path)
+    comm.Barrier()
+
+
+def memcpy_seconds(comm: MPI.Comm, block: np.ndarray, repeat: int = 5) -> float:
+    """Median seconds of one copy of ``block`` into a preallocated buffer, slowest rank. Collective."""
+    target = np.empty_like(block)
+    seconds = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        np.copyto(target, block)
+        seconds.append(time.perf_counter() - start)
+    return max(comm.allgather(statistics.median(seconds)))

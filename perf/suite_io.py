@@ -38,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, rank_rows, timed
+from common import fresh_directory, memcpy_seconds, rank_rows, timed, write_plain_adios2, write_plain_h5py, write_raw
 
 BACKENDS = ("hdf5", "adios2", "posix")
 # Untimed rounds first: buffers touched, first files made, and, with keep=1, the steady
@@ -55,13 +55,6 @@ def drop_cache(path: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    for name in [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]:
-        fd = os.open(name, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
 
 
 def measure(
@@ -134,7 +127,6 @@ def torch_dcp(comm: MPI.Comm, block: np.ndarray, directory: Path) -> TorchDCP | 
 
 def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results: dict) -> dict:
     """The large-array cases: save, restore, rank_change. Returns the Checkpointers' phases."""
-    import adios2
     import h5py
 
     from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
@@ -148,20 +140,10 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     npy_path = root / f"numpy-{comm.rank}.npy"
 
     def raw() -> None:
-        fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, memoryview(block).cast("B"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_raw(raw_path, block)
 
     def raw_in_place() -> None:
-        fd = os.open(root / f"raw-in-place-{comm.rank}.bin", os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.pwrite(fd, memoryview(block).cast("B"), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False)
 
     def numpy_save() -> None:
         with open(npy_path, "wb") as handle:
@@ -170,24 +152,10 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
             os.fsync(handle.fileno())
 
     def plain_h5py() -> None:
-        with h5py.File(root / "plain.h5", "w", driver="mpio", comm=comm) as h5:
-            dataset = h5.create_dataset("u", shape=global_shape, dtype=block.dtype)
-            with dataset.collective:
-                dataset[mine] = block
-            h5.flush()
+        write_plain_h5py(comm, root / "plain.h5", block)
 
     def plain_adios2() -> None:
-        adios = adios2.bindings.ADIOS(comm)
-        io = adios.DeclareIO("bench")
-        io.SetEngine("BP5")
-        io.SetParameters(DEFAULT_PARAMETERS)
-        engine = io.Open(str(root / "plain.bp"), adios2.bindings.Mode.Write)
-        engine.BeginStep()
-        variable = io.DefineVariable("u", block, list(global_shape), [comm.rank * rows, 0], list(block.shape), True)
-        engine.Put(variable, block, adios2.bindings.Mode.Sync)
-        engine.EndStep()
-        engine.Close()
-        fsync_tree(root / "plain.bp")
+        write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS)
 
     checkpointers = {name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name) for name in BACKENDS}
     steps = iter(range(1, 10**6))
@@ -313,14 +281,7 @@ def small_arrays(comm: MPI.Comm, root: Path, count: int, kib: int, repeat: int) 
 def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: float) -> dict:
     """How long save(blocking=False) blocks, against one memcpy of the state (per backend)."""
     block, state = rank_rows(comm, mib)
-    copy = np.empty_like(block)
-    copies = []
-    for _ in range(5):
-        start = time.perf_counter()
-        np.copyto(copy, block)
-        copies.append(time.perf_counter() - start)
-    memcpy = max(comm.allgather(statistics.median(copies)))
-    result = {"memcpy_s": memcpy, "compute_s": compute, "backends": {}}
+    result = {"memcpy_s": memcpy_seconds(comm, block), "compute_s": compute, "backends": {}}
     work = np.random.default_rng(1).random(1 << 16) + 1.0
     for name in BACKENDS:
         blocked = []
@@ -335,7 +296,7 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
                     np.sqrt(work, out=work)
             checkpointer.wait()
         steady = max(comm.allgather(statistics.median(blocked[1:])))
-        result["backends"][name] = {"first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / memcpy}
+        result["backends"][name] = {"first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / result["memcpy_s"]}
     return result
 
 
