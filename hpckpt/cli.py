@@ -158,6 +158,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     from .model.delta import home_step, referenced_steps
     from .progress import human_bytes
+    from .storage.codec import LOSSY_CODEC
 
     manifest = _reader(args.directory).manifest(args.step)
     leaves = []
@@ -168,7 +169,10 @@ def _inspect(args: argparse.Namespace) -> int:
             "dtype": str(np.dtype(record.dtype)),
             "shape": list(record.global_shape) if record.global_shape is not None else None,
             "blocks": [
-                {"rank": b.rank, "offset": list(b.offset), "shape": list(b.shape), "in_step": home_step(b, manifest.step)}
+                {
+                    "rank": b.rank, "offset": list(b.offset), "shape": list(b.shape),
+                    "in_step": home_step(b, manifest.step), "codec": b.location.get("codec"),
+                }
                 for b in record.blocks
             ],
             "location": record.location,
@@ -208,7 +212,8 @@ def _inspect(args: argparse.Namespace) -> int:
         for block in leaf["blocks"]:
             where = _box(block["offset"], block["shape"]) if leaf["kind"] == "distributed" else tuple(block["shape"])
             home = f" (in step {block['in_step']})" if block["in_step"] != manifest.step else ""
-            print(f"      rank {block['rank']}: {where}{home}")
+            codec = f" [{block['codec']}{', lossy' if block['codec'] == LOSSY_CODEC else ''}]" if block["codec"] else ""
+            print(f"      rank {block['rank']}: {where}{home}{codec}")
     for path, value in manifest.values.items():
         print(f"  {path}: value {value!r}")
     return 0

@@ -201,3 +201,28 @@ def test_tools_on_incremental_steps(tmp_path):
     (run_dir / "step-00000001" / "data-00000.bin").unlink()
     failed = cli("verify", run_dir, "--step", "3")
     assert failed.returncode != 0 and "step-00000001/data-00000.bin is missing" in failed.stdout + failed.stderr
+
+
+LOSSY_STEP = """
+import sys
+import numpy as np
+import hpckpt
+from mpi4py import MPI
+
+grid = np.linspace(0, 3, 128)
+state = {"solver": {"x": hpckpt.Local(np.sin(grid)[:, None] * np.cos(grid)[None, :])}, "n": hpckpt.Local(np.arange(3))}
+options = {"compression": "blosc2", "lossy": {"solver/*": 1e-6}}
+with hpckpt.Checkpointer(sys.argv[1], comm=MPI.COMM_SELF, backend="posix", backend_options=options) as ckpt:
+    ckpt.save(1, state)
+"""
+
+
+def test_inspect_names_each_blocks_codec(tmp_path):
+    run_dir = tmp_path / "run"
+    made = subprocess.run([sys.executable, "-c", LOSSY_STEP, str(run_dir)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert made.returncode == 0, made.stderr
+    text = cli("inspect", run_dir).stdout
+    assert "rank 0: (128, 128) [zfp, lossy]" in text and "rank 0: (3,) [blosc2]" in text, text
+    leaves = {leaf["path"]: leaf for leaf in json.loads(cli("inspect", run_dir, "--json").stdout)["leaves"]}
+    assert [block["codec"] for block in leaves["solver/x"]["blocks"]] == ["zfp"]
+    assert cli("verify", run_dir).returncode == 0
