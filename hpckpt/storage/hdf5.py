@@ -140,21 +140,23 @@ class HDF5Backend:
     def _open_for_write(self, path: Path, records: Sequence[LeafRecord], comm: MPI.Comm) -> tuple[Any, bool]:
         """The open file, and whether it is a recycled one whose datasets are reused.
 
-        Collective over ``comm``: every rank sees the same file and decides alike. One
-        process (a rank's own checkpoint, ``hpckpt convert``) uses the default POSIX
-        driver: MPI-IO on COMM_SELF only adds cost.
+        Collective over ``comm``: rank 0 alone inspects a recycled file (serially, with
+        the default driver) and broadcasts the decision, so every rank then makes the
+        same single collective open. One process (a rank's own checkpoint, ``hpckpt
+        convert``) uses the default POSIX driver: MPI-IO on COMM_SELF only adds cost.
         """
-        h5py, options = self._h5py, self._file_options(comm)
-        if path.exists():
-            try:
-                h5 = h5py.File(path, "r+", **options)
-            except OSError:
-                pass
-            else:
-                if _holds_exactly(h5, records):
-                    return h5, True
-                h5.close()
-        return h5py.File(path, "w", **options), False
+        reuse = comm.bcast(self._reusable(path, records) if comm.rank == 0 else None, root=0)
+        return self._h5py.File(path, "r+" if reuse else "w", **self._file_options(comm)), reuse
+
+    def _reusable(self, path: Path, records: Sequence[LeafRecord]) -> bool:
+        """Whether ``path`` exists and holds exactly the contiguous datasets of ``records``."""
+        if not path.exists():
+            return False
+        try:
+            with self._h5py.File(path, "r") as h5:
+                return _holds_exactly(h5, records)
+        except OSError:
+            return False
 
     def _create(self, h5: Any, record: LeafRecord) -> Any:
         if record.kind == "local":
