@@ -119,7 +119,7 @@ class RunDirectory:
         system has less than ``needed_bytes`` plus :data:`SPACE_SLACK` free.
         """
         self.root.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
-        readers = self.readers_of(step)
+        readers = self.readers_of(step) if self.manifest_path(step).exists() else []
         if readers:
             raise InvalidStateError(
                 f"cannot save step {step} again in {self.root}: incremental steps {readers} read blocks of the "

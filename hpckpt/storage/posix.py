@@ -113,7 +113,7 @@ class PosixBackend:
         for rank, record, block in _stored_blocks(records):
             start = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
             relative[(record.path, block.rank)] = start
-            segment_bytes[rank] = start + block.location.get("stored_bytes", block.size * record.itemsize)
+            segment_bytes[rank] = start + _stored_size(record, block)
         world = _world_size(records)
         segment_start: dict[int, int] = {}
         for rank in range(world):
@@ -196,14 +196,18 @@ class PosixBackend:
                 os.close(descriptor)
 
 
+def _stored_size(record: LeafRecord, block: Block) -> int:
+    """Bytes ``block`` takes in its file: compressed, or its raw size."""
+    return block.location.get("stored_bytes", block.size * record.itemsize)
+
+
 def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
     """Each file's size: the end of its last block."""
     ends: dict[str, int] = {}
     for record in records:
         for block in record.blocks:
-            location = block.location
-            end = location["offset"] + location.get("stored_bytes", block.size * record.itemsize)
-            ends[location["file"]] = max(ends.get(location["file"], 0), end)
+            name, end = block.location["file"], block.location["offset"] + _stored_size(record, block)
+            ends[name] = max(ends.get(name, 0), end)
     return ends
 
 
