@@ -86,6 +86,30 @@ def _check_same_tree(reference: RankPlan, plan: RankPlan, rank: int) -> None:
 
 def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
     first = per_rank[0]
+    agreed = (first.encoding, first.dtype, first.global_shape)
+    if first.kind == "replicated":
+        agreed += (first.shape, first.checksum)
+    if any(_agreed_fields(leaf, len(agreed)) != agreed for leaf in per_rank):
+        _raise_disagreement(per_rank)
+    if first.kind == "replicated":
+        blocks = (Block(0, (0,) * len(first.shape), first.shape, first.checksum, _stored(first)),)
+        return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks, encoding=first.encoding)
+    blocks = tuple(
+        Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf)) for rank, leaf in enumerate(per_rank)
+    )
+    if first.kind == "distributed":
+        check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
+    return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
+
+
+def _agreed_fields(leaf: LeafPlan, count: int) -> tuple:
+    """What every rank's plan of a leaf must agree on (the first ``count`` fields)."""
+    return (leaf.encoding, leaf.dtype, leaf.global_shape, leaf.shape, leaf.checksum)[:count]
+
+
+def _raise_disagreement(per_rank: list[LeafPlan]) -> None:
+    """Raise the error naming the first rank whose plan of the leaf differs from rank 0's."""
+    first = per_rank[0]
     for rank, leaf in enumerate(per_rank):
         if leaf.encoding != first.encoding:
             raise InvalidStateError(
@@ -96,25 +120,16 @@ def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
             raise InvalidStateError(
                 f"{first.kind} leaf {first.path!r} has dtype {first.dtype} on rank 0 but {leaf.dtype} on rank {rank}"
             )
-        if first.kind == "distributed" and leaf.global_shape != first.global_shape:
+        if leaf.global_shape != first.global_shape:
             raise InvalidStateError(
                 f"distributed leaf {first.path!r} has global_shape {first.global_shape} on rank 0 "
                 f"but {leaf.global_shape} on rank {rank}"
             )
-        if first.kind == "replicated" and (leaf.shape, leaf.checksum) != (first.shape, first.checksum):
+        if (leaf.shape, leaf.checksum) != (first.shape, first.checksum):
             raise InvalidStateError(
                 f"replicated leaf {first.path!r} differs between rank 0 (shape {first.shape}) and rank {rank} "
                 f"(shape {leaf.shape}); replicated arrays must be identical on every rank"
             )
-    if first.kind == "replicated":
-        blocks = (Block(0, (0,) * len(first.shape), first.shape, first.checksum, _stored(first)),)
-        return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks, encoding=first.encoding)
-    blocks = tuple(
-        Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf)) for rank, leaf in enumerate(per_rank)
-    )
-    if first.kind == "distributed":
-        check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
-    return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
 
 
 def _encoding_name(encoding: str | None) -> str:

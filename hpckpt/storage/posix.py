@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 _MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
+_MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -134,7 +134,9 @@ class PosixBackend:
                     location.update(stored_bytes=block.location["stored_bytes"], codec=block.location["codec"])
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks.append(Block(block.rank, block.offset, block.shape, block.checksum, location))
-            placed.append(replace(record, blocks=tuple(blocks)))
+            placed.append(
+                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks), record.location, record.encoding)
+            )
         return tuple(placed)
 
     def write(
@@ -157,8 +159,8 @@ class PosixBackend:
         for name, contents in by_file.items():
             descriptor = os.open(directory / name, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
-                for data in contents:
-                    _write_all(descriptor, data.array, data.block.location["offset"])
+                for offset, views in _contiguous_runs(contents):
+                    _write_all(descriptor, views, offset)
                 if os.fstat(descriptor).st_size > ends.get(name, 0):  # a recycled file, longer than needed
                     os.ftruncate(descriptor, ends.get(name, 0))
                 os.fsync(descriptor)
@@ -211,11 +213,39 @@ def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
     return ends
 
 
-def _write_all(descriptor: int, array: np.ndarray, offset: int) -> None:
-    view = memoryview(array.reshape(-1).view(np.uint8))
-    done = 0
-    while done < len(view):
-        done += os.pwrite(descriptor, view[done : done + _MAX_IO], offset + done)
+def _contiguous_runs(contents: Sequence[BlockData]) -> Iterator[tuple[int, list[memoryview]]]:
+    """The blocks' bytes as runs that follow each other in the file: (offset, views).
+
+    One ``pwritev`` per run instead of one ``pwrite`` per block: 10,000 small
+    blocks cost 20 calls. A run holds at most ``_MAX_VIEWS`` buffers and ``_MAX_IO`` bytes.
+    """
+    run: list[memoryview] = []
+    start = end = 0
+    for data in sorted(contents, key=lambda data: data.block.location["offset"]):
+        view = memoryview(data.array.reshape(-1).view(np.uint8))
+        offset = data.block.location["offset"]
+        if run and (offset != end or len(run) == _MAX_VIEWS or end - start + len(view) > _MAX_IO):
+            yield start, run
+            run = []
+        if not run:
+            start = end = offset
+        run.append(view)
+        end += len(view)
+    if run:
+        yield start, run
+
+
+def _write_all(descriptor: int, views: list[memoryview], offset: int) -> None:
+    """Write ``views`` one after the other from ``offset`` (``pwritev``, resumed after short writes)."""
+    first = 0
+    while first < len(views):
+        done = os.pwritev(descriptor, views[first:], offset)
+        offset += done
+        while first < len(views) and done >= len(views[first]):
+            done -= len(views[first])
+            first += 1
+        if done:
+            views[first] = views[first][done:]
 
 
 def _read_all(descriptor: int, array: np.ndarray, offset: int, path: Path) -> None:
