@@ -15,6 +15,7 @@ from .errors import (
     NoSpaceError,
     PickleWarning,
     StateMismatchError,
+    UlfmUnavailableError,
     UnsafeLoadError,
 )
 from .model.leaves import Distributed, Local, Pickled, Replicated
@@ -38,6 +39,7 @@ __all__ = [
     "Replicated",
     "Schedule",
     "StateMismatchError",
+    "UlfmUnavailableError",
     "UnsafeLoadError",
     "__version__",
 ]

@@ -20,11 +20,13 @@ from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
 from .protocols.uncoordinated import UncoordinatedRank
 from .schedule import Schedule
+from .recovery import ulfm
 from .recovery.restart import list_committed_steps, restore_newest
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
 from .storage.lustre import Striping, backend_defaults
 from .storage.lock import RunLock
+from .recovery.relaunch import ATTEMPT_ENV
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -108,6 +110,19 @@ class Checkpointer:
         for it: MPI-IO hints and dataset alignment (hdf5), segment alignment (posix),
         one aggregator per target (adios2); see ``docs/lustre.md``.
 
+    incremental
+        ``k >= 2``: store only the blocks that changed since the newest committed
+        step, with a full step every ``k`` saves (see :meth:`save`).
+    recovery
+        ``"ulfm"``: when a process dies, the survivors keep running: :meth:`recover`
+        repairs :attr:`comm`, starts a replacement process for each lost rank and
+        restores every rank from the newest committed step; the replacement runs the
+        same program and takes the lost rank's place when it creates its
+        Checkpointer. Needs an MPI with ULFM (Open MPI 5 started with ``mpiexec
+        --with-ft ulfm``; a clear error otherwise), the coordinated protocol, the
+        posix backend, blocking saves, and the application communicating through
+        :attr:`comm` only (see ``docs/ulfm.md``).
+
     Examples
     --------
     >>> with hpckpt.Checkpointer("ckpt", comm=MPI.COMM_WORLD) as ckpt:  # doctest: +SKIP
@@ -139,6 +154,7 @@ class Checkpointer:
         flush_every: int = 1,
         striping: dict[str, int] | None = None,
         incremental: int = 0,
+        recovery: str | None = None,
     ) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
@@ -158,6 +174,16 @@ class Checkpointer:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
+        self.recovery = recovery
+        self.last_recovery: ulfm.Repair | None = None
+        if recovery is not None:
+            check_recovery_options(recovery, protocol, backend, local_dir, redundancy)
+            ulfm.check_support(comm)
+            parent = ulfm.parent_of_replacement()
+            if parent is not None:  # this process replaces a lost rank of a running job
+                self.last_recovery = ulfm.join(parent)
+                comm = self.last_recovery.comm
+                os.environ[ATTEMPT_ENV] = "replacement"  # injected faults fire in the first process only
         stripes = Striping.of(striping)
         self.run_dir = RunDirectory(directory, stripes)
         self.protocol = protocol
@@ -166,9 +192,11 @@ class Checkpointer:
         if isinstance(backend, str):
             backend_options = backend_defaults(backend, stripes, backend_options)
         self.backend = open_backend(backend, backend_options)
-        self._comm: MPI.Comm | None = comm.Dup()
         self._lock = RunLock(self.run_dir.root)
-        run_phase(self._comm, "open run directory", lambda: self._lock.acquire() if self._comm.rank == 0 else None)
+        self._comm: MPI.Comm | None = None
+        self._attach(comm)
+        if self.last_recovery is not None:
+            self.last_recovery.comm.Free()
         self._rank: UncoordinatedRank | None = None
         if protocol == "uncoordinated":
             self._rank = UncoordinatedRank(
@@ -300,6 +328,8 @@ class Checkpointer:
     def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:
         if self._rank is not None:
             raise ValueError("blocking=False is available with the coordinated protocol only")
+        if self.recovery is not None:
+            raise ValueError("blocking=False is not available with recovery='ulfm' (a background save cannot be repaired)")
         self._settle()
         if self._background is None:
             self._background = BackgroundSaver(self._comm, self.max_in_flight)
@@ -430,6 +460,50 @@ class Checkpointer:
         self._local.discard_after(step)  # newer local steps than the restored one are stale
         return step
 
+    def _attach(self, comm: MPI.Comm) -> None:
+        """Duplicate ``comm`` for hpckpt and take the run directory's lock on its rank 0."""
+        self._comm = comm.Dup()
+        run_phase(
+            self._comm, "open run directory", lambda: self._lock.acquire() if self._comm.rank == 0 and not self._lock.held else None
+        )
+
+    def recover(self, state: Any, failure: BaseException, *, allow_pickle: bool = False) -> int | None:
+        """After a process failure: repair :attr:`comm`, replace the lost ranks, restore.
+
+        Collective over the surviving ranks (call it where ``failure`` was caught) and
+        the replacement processes (which meet it in their :meth:`restore`). Needs
+        ``recovery="ulfm"``. The survivors keep their rank numbers and process ids; each
+        replacement takes a lost rank's number. Every rank's ``state`` is then filled
+        from the newest committed step, as by :meth:`restore`; :attr:`last_recovery`
+        tells which ranks were replaced and how long the repair took. Get :attr:`comm`
+        again afterwards: it is a new communicator.
+
+        Returns
+        -------
+        int or None
+            The restored step, or None when no step was committed before the failure
+            (start from the beginning).
+
+        Raises
+        ------
+        BaseException
+            ``failure`` itself, unchanged, when it is not a process failure (or
+            ``recovery`` is not ``"ulfm"``).
+        """
+        if self.recovery != "ulfm" or not ulfm.is_process_failure(failure):
+            raise failure
+        from mpi4py import MPI
+
+        damaged = self._comm
+        self.last_recovery = ulfm.repair(damaged)
+        try:
+            damaged.Free()
+        except MPI.Exception:  # a revoked communicator may refuse; it is dropped either way
+            pass
+        self._attach(self.last_recovery.comm)
+        self.last_recovery.comm.Free()
+        return self.restore(state, allow_pickle=allow_pickle)
+
     def steps(self) -> list[int]:
         """Committed steps, oldest first. Collective over ``comm`` (uncoordinated: this rank's)."""
         self._settle()
@@ -480,6 +554,21 @@ class Checkpointer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close(drain=exc_type is None)  # no collective drain while an error unwinds one rank
+
+
+def check_recovery_options(
+    recovery: str, protocol: str, backend: str | Backend, local_dir: object, redundancy: object
+) -> None:
+    """ValueError unless ``recovery`` can work with the other options (see Checkpointer)."""
+    if recovery not in ulfm.RECOVERY_MODES:
+        raise ValueError(f"unknown recovery {recovery!r}; available: {', '.join(ulfm.RECOVERY_MODES)} (or None)")
+    name = backend if isinstance(backend, str) else getattr(backend, "name", type(backend).__name__)
+    if protocol != "coordinated" or name != "posix" or local_dir is not None or redundancy is not None:
+        raise ValueError(
+            f"recovery='ulfm' works with protocol='coordinated' and backend='posix' on the file system only "
+            f"(got protocol={protocol!r}, backend={name!r}, local_dir={local_dir!r}, redundancy={redundancy!r}); "
+            "the uncoordinated protocol, node-local levels and collective-I/O backends are not supported yet"
+        )
 
 
 def pickled_leaves(state: Any, allow_pickle: bool) -> list[tuple[str, Pickled]]:

@@ -59,6 +59,10 @@ class CollectiveError(HpckptError, RuntimeError):
         return (type(self), (self.phase, self.failures, self.size))
 
 
+class UlfmUnavailableError(HpckptError, RuntimeError):
+    """``recovery="ulfm"`` was asked for, but this MPI cannot recover from process failures in-job."""
+
+
 class PickleWarning(UserWarning):
     """Stored data is being unpickled (``allow_pickle=True``): it can run code from the file."""
 

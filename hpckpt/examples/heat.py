@@ -54,11 +54,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--crash-at-iter", type=int, help="rank --crash-rank SIGKILLs itself at this iteration")
     parser.add_argument("--crash-rank", type=int, default=0, help="the rank that crashes (default 0)")
+    parser.add_argument(
+        "--recovery",
+        choices=("relaunch", "ulfm"),
+        default="relaunch",
+        help="after a rank dies: 'relaunch' (the job ends; `hpckpt run` starts it again) or 'ulfm' (the "
+        "survivors go on, a new process replaces the lost rank; needs mpiexec --with-ft ulfm)",
+    )
     args = parser.parse_args(argv)
     if args.n < 3 or args.iters < 0 or args.every < 0 or args.pace < 0:
         parser.error("need --n >= 3, --iters >= 0, --every >= 0 and --pace >= 0")
     if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
         parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
+    if args.recovery == "ulfm" and (
+        args.backend != "posix" or args.protocol != "coordinated" or args.local or args.redundancy or args.background
+    ):
+        parser.error("--recovery ulfm works with --backend posix --protocol coordinated, without --local, --redundancy, --async")
     return args
 
 
@@ -105,70 +116,116 @@ def main(argv: Sequence[str] | None = None) -> int:
     import hpckpt
 
     comm = MPI.COMM_WORLD
-    if comm.size > args.n:
-        raise SystemExit(f"heat: --n {args.n} is smaller than the {comm.size} ranks; every rank needs a row")
+    ulfm = args.recovery == "ulfm"
     uncoordinated = args.protocol == "uncoordinated"
-    # Stop signals and the wall-time limit are agreed on every iteration: coordinated
-    # only, where all ranks run the same iterations (uncoordinated ranks restart apart).
-    job = None if uncoordinated else JobControl(comm)
-    if job is not None and comm.rank == 0 and (job.job_id or job.end_time):
-        print(f"heat: {job.describe()}", flush=True)
-    first_row, rows = row_block(args.n, comm.size, comm.rank)
-    u = np.zeros((rows + 2, args.n))
-    set_boundaries(u, first_row, args.n)
-    state = {
-        "field": hpckpt.Distributed(u[1:-1], global_shape=(args.n, args.n), offset=(first_row, 0)),
-        "iteration": 0,
-    }
-    started = time.perf_counter()
-    # Uncoordinated: rank r saves at its own iterations, offset by r * every / size, so
-    # no two ranks save at the same iteration.
-    phase = comm.rank * args.every // comm.size if uncoordinated else 0
     levels = {}
     if args.local or args.redundancy:
         levels = {"local_dir": args.local, "redundancy": args.redundancy, "flush_every": args.flush_every}
     schedule = hpckpt.Schedule(auto=True, mtbf=args.mtbf) if args.mtbf else None
     with hpckpt.Checkpointer(
-        args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, schedule=schedule, **levels
-    ) as checkpointer:
+        args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, schedule=schedule,
+        recovery="ulfm" if ulfm else None, **levels,
+    ) as checkpointer:  # fmt: skip
+        replacement = checkpointer.last_recovery is not None
+        if ulfm:  # a replacement process's COMM_WORLD holds only itself
+            comm = checkpointer.comm
+        if comm.size > args.n:
+            raise SystemExit(f"heat: --n {args.n} is smaller than the {comm.size} ranks; every rank needs a row")
+        # Stop signals and the wall-time limit are agreed on every iteration: coordinated
+        # only, where all ranks run the same iterations (uncoordinated ranks restart apart).
+        job = None if uncoordinated or ulfm else JobControl(comm)
+        if job is not None and comm.rank == 0 and (job.job_id or job.end_time):
+            print(f"heat: {job.describe()}", flush=True)
+        first_row, rows = row_block(args.n, comm.size, comm.rank)
+        u = np.zeros((rows + 2, args.n))
+        set_boundaries(u, first_row, args.n)
+        state = {
+            "field": hpckpt.Distributed(u[1:-1], global_shape=(args.n, args.n), offset=(first_row, 0)),
+            "iteration": 0,
+        }
+        started = time.perf_counter()
+        # Uncoordinated: rank r saves at its own iterations, offset by r * every / size, so
+        # no two ranks save at the same iteration.
+        phase = comm.rank * args.every // comm.size if uncoordinated else 0
         resumed = checkpointer.restore(state)
-        start = 0 if resumed is None else int(state["iteration"])
-        if comm.rank == 0 and resumed is not None and not uncoordinated:
+        if ulfm and not replacement:
+            pids = comm.gather(os.getpid(), root=0)
+            if comm.rank == 0:
+                print(f"heat: started pids={','.join(map(str, pids))}", flush=True)
+        if comm.rank == 0 and resumed is not None and not uncoordinated and not replacement:
             level = f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""
-            print(f"heat: resumed from step {resumed} (iteration {start}){level}", flush=True)
-        halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
-        for iteration in range(start, args.iters):
-            if iteration == args.crash_at_iter and comm.rank == args.crash_rank and first_attempt():
-                os.kill(os.getpid(), signal.SIGKILL)
-            exchange_halos(halo_comm, u)
-            jacobi_sweep(u, first_row, args.n)
-            if args.pace:
-                time.sleep(args.pace)
-            done = iteration + 1
-            stop_reason = None
-            if done == args.stop_at_iter:
-                stop_reason = "--stop-at-iter"
-            elif job is not None and done < args.iters and job.should_stop():
-                stop_reason = job.stop_reason
-            if schedule is not None:
-                scheduled = done < args.iters and checkpointer.due(done)
-            else:
-                scheduled = args.every and (done + phase) % args.every == 0 and done < args.iters
-            if scheduled or stop_reason:
-                state["iteration"] = done
-                checkpointer.save(done, state, blocking=not args.background)
-            if stop_reason:
+            print(f"heat: resumed from step {resumed} (iteration {state['iteration']}){level}", flush=True)
+        while True:
+            try:
+                stopped = iterate(args, checkpointer, state, u, first_row, phase, job, schedule)
+                break
+            except Exception as exc:  # noqa: BLE001 - recover() raises it again unless a process failed
+                caught = time.perf_counter()
+                resumed = checkpointer.recover(state, exc)
+                comm = checkpointer.comm
+                if resumed is None:  # nothing was committed: start again from the initial field
+                    u[:] = 0.0
+                    set_boundaries(u, first_row, args.n)
+                    state["iteration"] = 0
                 if comm.rank == 0:
-                    print(f"heat: stopped at iteration {done} on {comm.size} ranks (checkpoint step {done}): {stop_reason}")
-                return 0 if done == args.stop_at_iter else STOPPED_EXIT_CODE
+                    repair = checkpointer.last_recovery
+                    print(
+                        f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} in "
+                        f"{time.perf_counter() - caught:.3f} s (repair {repair.seconds:.3f} s); "
+                        f"resumed from step {resumed} (iteration {state['iteration']})",
+                        flush=True,
+                    )
+        if stopped is not None:
+            return stopped
         checkpointer.wait()
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
         if schedule is not None and comm.rank == 0:
             print(f"heat: Daly interval {schedule.interval_seconds:.3f} s for MTBF {args.mtbf:g} s", flush=True)
-        log_peak = halo_comm.log_peak_bytes if uncoordinated else 0
+        log_peak = checkpointer.comm.log_peak_bytes if uncoordinated else 0
+        if ulfm:  # the job's communicator is the checkpointer's, so report before closing it
+            report(comm, args, u, resumed, saves, save_seconds, started, log_peak)
+            return 0
+    report(comm, args, u, resumed, saves, save_seconds, started, log_peak)
+    return 0
+
+
+def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phase: int, job, schedule) -> int | None:  # noqa: ANN001
+    """Run the iterations from ``state["iteration"]``; the exit status when told to stop early, else None."""
+    halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
+    for iteration in range(int(state["iteration"]), args.iters):
+        if iteration == args.crash_at_iter and halo_comm.rank == args.crash_rank and first_attempt():
+            os.kill(os.getpid(), signal.SIGKILL)
+        exchange_halos(halo_comm, u)
+        jacobi_sweep(u, first_row, args.n)
+        if args.pace:
+            time.sleep(args.pace)
+        done = iteration + 1
+        stop_reason = None
+        if done == args.stop_at_iter:
+            stop_reason = "--stop-at-iter"
+        elif job is not None and done < args.iters and job.should_stop():
+            stop_reason = job.stop_reason
+        if schedule is not None:
+            scheduled = done < args.iters and checkpointer.due(done)
+        else:
+            scheduled = args.every and (done + phase) % args.every == 0 and done < args.iters
+        if scheduled or stop_reason:
+            state["iteration"] = done
+            checkpointer.save(done, state, blocking=not args.background)
+        if stop_reason:
+            if halo_comm.rank == 0:
+                print(f"heat: stopped at iteration {done} on {halo_comm.size} ranks (checkpoint step {done}): {stop_reason}")
+            return 0 if done == args.stop_at_iter else STOPPED_EXIT_CODE
+    return None
+
+
+def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, started: float, log_peak: int) -> None:  # noqa: ANN001
+    """Gather the field; rank 0 writes ``--out`` and prints the summary and the ``done`` line."""
+    uncoordinated = args.protocol == "uncoordinated"
     field = gather_field(comm, u[1:-1], args.n)
     resumed_all = comm.gather("none" if resumed is None else str(resumed), root=0)
     log_peaks = comm.gather(log_peak, root=0)
+    pids = comm.gather(os.getpid(), root=0)
     if comm.rank == 0:
         if args.out:
             np.save(args.out, field)
@@ -181,9 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         digest = hashlib.sha256(field.tobytes()).hexdigest()
         if uncoordinated:
             print(f"heat: message log peak {max(log_peaks)} bytes (largest rank, at its checkpoints)", flush=True)
+        if args.recovery == "ulfm":
+            print(f"heat: finished pids={','.join(map(str, pids))}", flush=True)
         resumed_from = ",".join(resumed_all) if uncoordinated else resumed_all[0]
         print(f"heat: done iters={args.iters} resumed_from={resumed_from} checksum={digest}")
-    return 0
 
 
 def gather_field(comm, block: np.ndarray, n: int) -> np.ndarray | None:  # noqa: ANN001

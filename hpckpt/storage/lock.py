@@ -26,6 +26,11 @@ class RunLock:
         self.path = root / LOCK_NAME
         self._descriptor: int | None = None
 
+    @property
+    def held(self) -> bool:
+        """True while this process holds the lock."""
+        return self._descriptor is not None
+
     def acquire(self) -> None:
         """Take the lock, or raise InvalidStateError naming the job that holds it."""
         try:

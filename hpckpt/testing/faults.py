@@ -7,7 +7,8 @@ Set ``HPCKPT_FAULT=POINT:RANK:ACTION[:NTH]`` to make rank ``RANK`` (of
 - ``raise``: raise :class:`InjectedFault` (a software error on one rank).
 
 Faults fire only on the first attempt of a relaunched job (``HPCKPT_ATTEMPT`` unset
-or ``0``), so ``hpckpt run`` can then finish the job. Counting restarts whenever the
+or ``0``), so ``hpckpt run`` can then finish the job; a ULFM replacement process sets
+it too, so the rank it replaces does not fail again. Counting restarts whenever the
 variable's value changes. Points: ``save.plan``,
 ``save.write``, ``save.commit``, ``save.retain``, ``restore.read``.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import os
 import signal
 from collections import Counter
+
+from ..recovery.relaunch import ATTEMPT_ENV
 
 ENV = "HPCKPT_FAULT"
 ACTIONS = ("kill", "raise")
@@ -30,7 +33,7 @@ class InjectedFault(RuntimeError):
 
 def first_attempt() -> bool:
     """True unless ``hpckpt run`` is relaunching the job (``HPCKPT_ATTEMPT`` > 0)."""
-    return os.environ.get("HPCKPT_ATTEMPT", "0") in ("", "0")
+    return os.environ.get(ATTEMPT_ENV, "0") in ("", "0")
 
 
 def _world_rank() -> int:
