@@ -167,8 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     u[:] = 0.0
                     set_boundaries(u, first_row, args.n)
                     state["iteration"] = 0
-                if comm.rank == 0:
-                    repair = checkpointer.last_recovery
+                repair = checkpointer.last_recovery
+                if comm.rank == min(set(range(comm.size)) - set(repair.failed)):  # the first survivor
                     print(
                         f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} in "
                         f"{time.perf_counter() - caught:.3f} s (repair {repair.seconds:.3f} s); "

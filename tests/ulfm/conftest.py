@@ -1,0 +1,113 @@
+"""Helpers for the in-job recovery tests: real `mpiexec --with-ft ulfm` jobs of the heat
+solver in the ULFM environment (.venv-ulfm, Open MPI 5; `make install` builds it).
+
+Run them with that environment's Python: `make test-ulfm`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("HPCKPT_ULFM_VENV", REPO / ".venv-ulfm"))
+FAILED_NOTE = Path(str(VENV) + ".failed")
+MPIEXEC = VENV / "bin" / "mpiexec"
+ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--oversubscribe"]
+ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
+JOB_TIMEOUT = 50
+DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=(\w+) checksum=([0-9a-f]{64})$", re.MULTILINE)
+RECOVERED = re.compile(r"^heat: recovered from the failure of rank\(s\) ([\d,]+) in ([\d.]+) s", re.MULTILINE)
+
+if FAILED_NOTE.exists():
+    pytest.skip(FAILED_NOTE.read_text().strip(), allow_module_level=True)
+if not MPIEXEC.exists():
+    pytest.skip(f"the ULFM environment {VENV} is not built (run `make install`)", allow_module_level=True)
+if Path(sys.prefix).resolve() != VENV.resolve():
+    pytest.skip(f"run these tests with {VENV}/bin/python (`make test-ulfm`)", allow_module_level=True)
+
+
+def heat_command(ranks: int, run_dir: Path, *args: str, ft: bool = True, iters: int = 200, pace: float = 0.01) -> list[str]:
+    return [
+        str(MPIEXEC), *(ULFM_FLAGS if ft else ["--oversubscribe"]), "-n", str(ranks),
+        sys.executable, "-m", "hpckpt.examples.heat", "--n", "64", "--iters", str(iters), "--every", "20",
+        "--backend", "posix", "--dir", str(run_dir), "--pace", str(pace), *args,
+    ]  # fmt: skip
+
+
+@dataclass
+class Job:
+    """A finished job: its exit status, output, and the pids it reported."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def checksum(self) -> str:
+        match = DONE.search(self.stdout)
+        assert match, f"no 'heat: done' line; stdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}"
+        return match.group(3)
+
+    def pids(self, when: str) -> list[int]:
+        match = re.search(rf"^heat: {when} pids=([\d,]+)$", self.stdout, re.MULTILINE)
+        assert match, f"no '{when} pids' line; stdout:\n{self.stdout}"
+        return [int(pid) for pid in match.group(1).split(",")]
+
+    @property
+    def recoveries(self) -> list[tuple[list[int], float]]:
+        return [([int(r) for r in ranks.split(",")], float(s)) for ranks, s in RECOVERED.findall(self.stdout)]
+
+
+def run_job(command: list[str], env: dict[str, str] | None = None) -> Job:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT, env={**os.environ, **ENV, **(env or {})})
+    return Job(result.returncode, result.stdout, result.stderr)
+
+
+def run_killing(command: list[str], kills: list[tuple[int, float]], env: dict[str, str] | None = None) -> Job:
+    """Run ``command``; SIGKILL rank ``rank``'s process ``delay`` s after the job reports its
+    pids (the first kill) or its previous recovery (each next one), for each (rank, delay).
+    Only original processes are killed (a replacement's pid is reported at the end)."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, **(env or {})}
+    )
+    watchdog = threading.Timer(JOB_TIMEOUT, process.kill)  # a hung job becomes a failure, not a hung test
+    watchdog.start()
+    lines: list[str] = []
+    pids: list[int] = []
+    pending = list(kills)
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("heat: started pids="):
+                pids = [int(pid) for pid in line.split("=", 1)[1].split(",")]
+            if pending and line.startswith(("heat: started pids=", "heat: recovered")):
+                rank, delay = pending.pop(0)
+                time.sleep(delay)
+                os.kill(pids[rank], signal.SIGKILL)
+        process.wait()
+        stderr = process.stderr.read()
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not pending, f"the job ended before every kill was made; stdout:\n{''.join(lines)}"
+    return Job(process.returncode, "".join(lines), stderr)
+
+
+@pytest.fixture(scope="session")
+def reference_checksum(tmp_path_factory) -> str:
+    """The checksum of the fault-free run (Open MPI without failure detection, no recovery)."""
+    job = run_job(heat_command(3, tmp_path_factory.mktemp("reference"), ft=False, pace=0.0))
+    assert job.returncode == 0, job.stderr
+    return job.checksum

@@ -1,0 +1,58 @@
+"""In-job recovery: ranks of a running heat solver are SIGKILLed; the survivors repair the
+communicator, a replacement takes each lost rank's place, and the job ends with the
+fault-free checksum, the survivors' processes unchanged."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from .conftest import heat_command, run_job, run_killing
+
+
+def assert_recovered(job, reference: str, killed: list[int]) -> None:
+    assert job.returncode == 0, f"stdout:\n{job.stdout}\nstderr:\n{job.stderr[-3000:]}"
+    assert job.checksum == reference
+    assert [ranks for ranks, _ in job.recoveries] == [[rank] for rank in killed], job.stdout
+    started, finished = job.pids("started"), job.pids("finished")
+    for rank, (before, after) in enumerate(zip(started, finished)):
+        if rank in killed:
+            assert after != before  # a replacement process
+        else:
+            assert after == before  # the survivors were never restarted
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sigkill_at_a_random_moment_recovers_in_job_bit_for_bit(seed, tmp_path, reference_checksum):
+    rng = random.Random(seed)
+    rank, delay = rng.randrange(3), rng.uniform(0.05, 1.2)
+    job = run_killing(heat_command(3, tmp_path / "run", "--recovery", "ulfm"), [(rank, delay)])
+    assert_recovered(job, reference_checksum, [rank])
+
+
+def test_two_failures_in_one_run(tmp_path, reference_checksum):
+    job = run_killing(heat_command(3, tmp_path / "run", "--recovery", "ulfm"), [(2, 0.3), (0, 0.4)])
+    assert_recovered(job, reference_checksum, [2, 0])
+
+
+@pytest.mark.parametrize(
+    "fault", ["save.plan:0:kill:2", "save.write:1:kill:3", "save.commit:0:kill:2", "save.retain:2:kill:4"]
+)
+def test_a_failure_during_a_checkpoint(fault, tmp_path, reference_checksum):
+    job = run_job(heat_command(3, tmp_path / "run", "--recovery", "ulfm", pace=0.002), env={"HPCKPT_FAULT": fault})
+    rank = int(fault.split(":")[1])
+    assert_recovered(job, reference_checksum, [rank])
+
+
+def test_a_failure_before_the_first_checkpoint_starts_over(tmp_path, reference_checksum):
+    job = run_job(heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--crash-at-iter", "7", "--crash-rank", "1"))
+    assert_recovered(job, reference_checksum, [1])
+    assert "resumed from step None (iteration 0)" in job.stdout
+
+
+def test_without_failure_detection_the_job_stops_with_a_clear_error(tmp_path):
+    job = run_job(heat_command(2, tmp_path / "run", "--recovery", "ulfm", ft=False, iters=5))
+    assert job.returncode != 0
+    assert "UlfmUnavailableError: recovery='ulfm': Open MPI's failure detection is off; start the job with " \
+        "`mpiexec --with-ft ulfm" in job.stderr
