@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 RECOVERY_MODES = ("ulfm",)
-FINALIZE_GRACE_S = 10.0  # how long MPI_Finalize may take after a recovery (see the module docstring)
+FINALIZE_GRACE_S = 3.0  # how long MPI_Finalize may take after a recovery (see the module docstring)
 REQUIRED_CALLS = ("Revoke", "Shrink", "Agree")
 
 
