@@ -120,8 +120,8 @@ class Checkpointer:
         same program and takes the lost rank's place when it creates its
         Checkpointer. Needs an MPI with ULFM (Open MPI 5 started with ``mpiexec
         --with-ft ulfm``; a clear error otherwise), the coordinated protocol, the
-        posix backend, blocking saves, and the application communicating through
-        :attr:`comm` only (see ``docs/ulfm.md``).
+        posix backend, blocking saves (flushes of a node-local level too), and the
+        application communicating through :attr:`comm` only (see ``docs/ulfm.md``).
 
     Examples
     --------
@@ -177,7 +177,7 @@ class Checkpointer:
         self.recovery = recovery
         self.last_recovery: ulfm.Repair | None = None
         if recovery is not None:
-            check_recovery_options(recovery, protocol, backend, local_dir, redundancy)
+            check_recovery_options(recovery, protocol, backend)
             ulfm.check_support(comm)
             parent = ulfm.parent_of_replacement()
             if parent is not None:  # this process replaces a lost rank of a running job
@@ -212,7 +212,8 @@ class Checkpointer:
             if protocol != "coordinated":
                 raise ValueError("local_dir and redundancy work with the coordinated protocol only")
             root = default_local_root(self.run_dir.root) if local_dir in (None, "default") else Path(local_dir)
-            self._local = NodeLocalStore(self._comm, root, redundancy or "none", group_size, keep)
+            self._local_args = (root, redundancy or "none", group_size, keep)
+            self._local = NodeLocalStore(self._comm, *self._local_args)
         self._background: BackgroundSaver | None = None
         self._reported = 0
         self.snapshot_seconds = 0.0  # how long the last non-blocking save blocked the caller
@@ -297,6 +298,9 @@ class Checkpointer:
             self.schedule.saved(time.perf_counter() - started)
         self._record(report)
         if self.flush_every and self._local_saves % self.flush_every == 0:
+            if self.recovery is not None:  # a flush in a background thread could not be repaired
+                self._record(self._commit_step(self._comm, step, state, metric))
+                return None
             return self._save_in_background(step, state, metric)
         return None
 
@@ -502,6 +506,8 @@ class Checkpointer:
             pass
         self._attach(self.last_recovery.comm)
         self.last_recovery.comm.Free()
+        if self._local is not None:  # its XOR group communicators belonged to the damaged one
+            self._local = NodeLocalStore(self._comm, *self._local_args)
         return self.restore(state, allow_pickle=allow_pickle)
 
     def steps(self) -> list[int]:
@@ -557,17 +563,16 @@ class Checkpointer:
 
 
 def check_recovery_options(
-    recovery: str, protocol: str, backend: str | Backend, local_dir: object, redundancy: object
+    recovery: str, protocol: str, backend: str | Backend
 ) -> None:
     """ValueError unless ``recovery`` can work with the other options (see Checkpointer)."""
     if recovery not in ulfm.RECOVERY_MODES:
         raise ValueError(f"unknown recovery {recovery!r}; available: {', '.join(ulfm.RECOVERY_MODES)} (or None)")
     name = backend if isinstance(backend, str) else getattr(backend, "name", type(backend).__name__)
-    if protocol != "coordinated" or name != "posix" or local_dir is not None or redundancy is not None:
+    if protocol != "coordinated" or name != "posix":
         raise ValueError(
-            f"recovery='ulfm' works with protocol='coordinated' and backend='posix' on the file system only "
-            f"(got protocol={protocol!r}, backend={name!r}, local_dir={local_dir!r}, redundancy={redundancy!r}); "
-            "the uncoordinated protocol, node-local levels and collective-I/O backends are not supported yet"
+            f"recovery='ulfm' works with protocol='coordinated' and backend='posix' only (got protocol={protocol!r}, "
+            f"backend={name!r}); the uncoordinated protocol and collective-I/O backends are not supported yet"
         )
 
 

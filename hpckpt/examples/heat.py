@@ -66,10 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("need --n >= 3, --iters >= 0, --every >= 0 and --pace >= 0")
     if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
         parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
-    if args.recovery == "ulfm" and (
-        args.backend != "posix" or args.protocol != "coordinated" or args.local or args.redundancy or args.background
-    ):
-        parser.error("--recovery ulfm works with --backend posix --protocol coordinated, without --local, --redundancy, --async")
+    if args.recovery == "ulfm" and (args.backend != "posix" or args.protocol != "coordinated" or args.background):
+        parser.error("--recovery ulfm works with --backend posix --protocol coordinated, without --async")
     return args
 
 
@@ -172,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(
                         f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} in "
                         f"{time.perf_counter() - caught:.3f} s (repair {repair.seconds:.3f} s); "
-                        f"resumed from step {resumed} (iteration {state['iteration']})",
+                        f"resumed from step {resumed} (iteration {state['iteration']})"
+                        + (f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""),
                         flush=True,
                     )
         if stopped is not None:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,10 +74,16 @@ def run_job(command: list[str], env: dict[str, str] | None = None) -> Job:
     return Job(result.returncode, result.stdout, result.stderr)
 
 
-def run_killing(command: list[str], kills: list[tuple[int, float]], env: dict[str, str] | None = None) -> Job:
+def run_killing(
+    command: list[str],
+    kills: list[tuple[int, float]],
+    env: dict[str, str] | None = None,
+    while_stopped: Callable[[int], None] | None = None,
+) -> Job:
     """Run ``command``; SIGKILL rank ``rank``'s process ``delay`` s after the job reports its
     pids (the first kill) or its previous recovery (each next one), for each (rank, delay).
-    Only original processes are killed (a replacement's pid is reported at the end)."""
+    Only original processes are killed (a replacement's pid is reported at the end).
+    ``while_stopped(rank)`` runs between a SIGSTOP and the SIGKILL (to lose its node's files)."""
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, **(env or {})}
     )
@@ -93,6 +100,9 @@ def run_killing(command: list[str], kills: list[tuple[int, float]], env: dict[st
             if pending and line.startswith(("heat: started pids=", "heat: recovered")):
                 rank, delay = pending.pop(0)
                 time.sleep(delay)
+                if while_stopped is not None:
+                    os.kill(pids[rank], signal.SIGSTOP)
+                    while_stopped(rank)
                 os.kill(pids[rank], signal.SIGKILL)
         process.wait()
         stderr = process.stderr.read()

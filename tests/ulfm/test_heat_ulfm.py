@@ -5,6 +5,7 @@ fault-free checksum, the survivors' processes unchanged."""
 from __future__ import annotations
 
 import random
+import shutil
 
 import pytest
 
@@ -56,3 +57,18 @@ def test_without_failure_detection_the_job_stops_with_a_clear_error(tmp_path):
     assert job.returncode != 0
     assert "UlfmUnavailableError: recovery='ulfm': Open MPI's failure detection is off; start the job with " \
         "`mpiexec --with-ft ulfm" in job.stderr
+
+
+def test_a_lost_node_is_restored_from_the_partner_copy(tmp_path, reference_checksum):
+    """Each rank is its own node (HPCKPT_RANKS_PER_NODE=1) with a partner copy of its
+    node-local checkpoints on the next node. Rank 1's node-local files are deleted while it
+    is stopped, then it is killed: its replacement gets its step from rank 2's copy."""
+    local = tmp_path / "local"
+
+    def lose_node(rank: int) -> None:
+        shutil.rmtree(local / f"node-{rank:04d}")
+
+    command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--local", str(local), "--redundancy", "partner")
+    job = run_killing(command, [(1, 0.6)], env={"HPCKPT_RANKS_PER_NODE": "1"}, while_stopped=lose_node)
+    assert_recovered(job, reference_checksum, [1])
+    assert "from the node-local level" in job.stdout.split("heat: recovered", 1)[1].splitlines()[0]
