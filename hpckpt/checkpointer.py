@@ -177,7 +177,7 @@ class Checkpointer:
         self.recovery = recovery
         self.last_recovery: ulfm.Repair | None = None
         if recovery is not None:
-            check_recovery_options(recovery, protocol, backend)
+            check_recovery_options(recovery, backend)
             ulfm.check_support(comm)
             parent = ulfm.parent_of_replacement()
             if parent is not None:  # this process replaces a lost rank of a running job
@@ -199,8 +199,9 @@ class Checkpointer:
             self.last_recovery.comm.Free()
         self._rank: UncoordinatedRank | None = None
         if protocol == "uncoordinated":
+            self._durable = durable_determinants
             self._rank = UncoordinatedRank(
-                comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
+                self._comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
             )
         self.max_in_flight = max_in_flight
         self.keep_best, self.best, self.schedule = keep_best, best, schedule
@@ -498,15 +499,26 @@ class Checkpointer:
             raise failure
         from mpi4py import MPI
 
-        damaged = self._comm
-        self.last_recovery = ulfm.repair(damaged)
-        try:
-            damaged.Free()
-        except MPI.Exception:  # a revoked communicator may refuse; it is dropped either way
-            pass
+        damaged = [self._comm]
+        if self._rank is not None:
+            damaged += self._rank.comm.communicators()
+            self._rank.comm.determinants.close()
+        if self._local is not None and self._local.group is not None:
+            damaged.append(self._local.group)
+        # Revoke every communicator a survivor may be waiting in, so all of them come here.
+        self.last_recovery = ulfm.repair(self._comm, others=damaged[1:])
+        for communicator in damaged:
+            try:
+                communicator.Free()
+            except MPI.Exception:  # a revoked communicator may refuse; it is dropped either way
+                pass
         self._attach(self.last_recovery.comm)
         self.last_recovery.comm.Free()
-        if self._local is not None:  # its XOR group communicators belonged to the damaged one
+        if self._rank is not None:  # every rank goes back to its own newest checkpoint
+            self._rank = UncoordinatedRank(
+                self._comm, self.run_dir.root, self.backend, self.keep, durable_determinants=self._durable
+            )
+        if self._local is not None:
             self._local = NodeLocalStore(self._comm, *self._local_args)
         return self.restore(state, allow_pickle=allow_pickle)
 
@@ -563,16 +575,16 @@ class Checkpointer:
 
 
 def check_recovery_options(
-    recovery: str, protocol: str, backend: str | Backend
+    recovery: str, backend: str | Backend
 ) -> None:
     """ValueError unless ``recovery`` can work with the other options (see Checkpointer)."""
     if recovery not in ulfm.RECOVERY_MODES:
         raise ValueError(f"unknown recovery {recovery!r}; available: {', '.join(ulfm.RECOVERY_MODES)} (or None)")
     name = backend if isinstance(backend, str) else getattr(backend, "name", type(backend).__name__)
-    if protocol != "coordinated" or name != "posix":
+    if name != "posix":
         raise ValueError(
-            f"recovery='ulfm' works with protocol='coordinated' and backend='posix' only (got protocol={protocol!r}, "
-            f"backend={name!r}); the uncoordinated protocol and collective-I/O backends are not supported yet"
+            f"recovery='ulfm' works with backend='posix' only (got backend={name!r}); "
+            "collective-I/O backends (hdf5, adios2) are not supported yet"
         )
 
 

@@ -66,8 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("need --n >= 3, --iters >= 0, --every >= 0 and --pace >= 0")
     if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
         parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
-    if args.recovery == "ulfm" and (args.backend != "posix" or args.protocol != "coordinated" or args.background):
-        parser.error("--recovery ulfm works with --backend posix --protocol coordinated, without --async")
+    if args.recovery == "ulfm" and (args.backend != "posix" or args.background):
+        parser.error("--recovery ulfm works with --backend posix, without --async")
     return args
 
 

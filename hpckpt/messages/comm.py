@@ -462,6 +462,10 @@ class LoggedComm:
         self._pending = []
         self.determinants.close()
 
+    def communicators(self) -> list[MPI.Comm]:
+        """The duplicated communicators it sends on (application messages, control)."""
+        return [self._comm, self._ctl]
+
     def free(self) -> None:
         """Release the duplicated communicators. Collective."""
         self._comm.Free()

@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -113,16 +114,20 @@ def is_process_failure(exc: BaseException | None) -> bool:
     return False
 
 
-def repair(comm: MPI.Comm, command: list[str] | None = None) -> Repair:
+def repair(comm: MPI.Comm, command: list[str] | None = None, others: Sequence[MPI.Comm] = ()) -> Repair:
     """Replace the failed processes of ``comm``; return the repaired communicator.
 
     Collective over the survivors of ``comm``, and with the replacements (which call
     :func:`join`). ``command`` is the replacements' command line (default: this
-    process's, ``sys.orig_argv``). The survivors' rank numbers are kept.
+    process's, ``sys.orig_argv``). ``others`` are revoked first: communicators over
+    the same processes in which a survivor may be waiting. The survivors' rank
+    numbers are kept.
     """
     from mpi4py import MPI
 
     started = time.perf_counter()
+    for other in others:
+        other.Revoke()
     comm.Revoke()
     shrunk = comm.Shrink()
     lost = MPI.Group.Difference(comm.Get_group(), shrunk.Get_group())

@@ -26,7 +26,7 @@ MPIEXEC = VENV / "bin" / "mpiexec"
 ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--oversubscribe"]
 ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
 JOB_TIMEOUT = 50
-DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=(\w+) checksum=([0-9a-f]{64})$", re.MULTILINE)
+DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=([\w,]+) checksum=([0-9a-f]{64})$", re.MULTILINE)
 RECOVERED = re.compile(r"^heat: recovered from the failure of rank\(s\) ([\d,]+) in ([\d.]+) s", re.MULTILINE)
 
 if FAILED_NOTE.exists():

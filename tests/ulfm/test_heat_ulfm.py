@@ -72,3 +72,20 @@ def test_a_lost_node_is_restored_from_the_partner_copy(tmp_path, reference_check
     job = run_killing(command, [(1, 0.6)], env={"HPCKPT_RANKS_PER_NODE": "1"}, while_stopped=lose_node)
     assert_recovered(job, reference_checksum, [1])
     assert "from the node-local level" in job.stdout.split("heat: recovered", 1)[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_uncoordinated_ranks_resume_in_job_from_their_own_checkpoints(seed, tmp_path, reference_checksum):
+    """Uncoordinated protocol: after the repair every rank restores its own newest
+    checkpoint (different iterations) and the logged messages are replayed."""
+    rng = random.Random(100 + seed)
+    rank, delay = rng.randrange(3), rng.uniform(0.05, 1.2)
+    command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated")
+    job = run_killing(command, [(rank, delay)])
+    assert_recovered(job, reference_checksum, [rank])
+
+
+def test_uncoordinated_failure_during_a_rank_checkpoint(tmp_path, reference_checksum):
+    command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated", pace=0.002)
+    job = run_job(command, env={"HPCKPT_FAULT": "save.write:2:kill:3"})
+    assert_recovered(job, reference_checksum, [2])
