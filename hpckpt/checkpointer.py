@@ -119,9 +119,10 @@ class Checkpointer:
         restores every rank from the newest committed step; the replacement runs the
         same program and takes the lost rank's place when it creates its
         Checkpointer. Needs an MPI with ULFM (Open MPI 5 started with ``mpiexec
-        --with-ft ulfm``; a clear error otherwise), the coordinated protocol, the
-        posix backend, blocking saves (flushes of a node-local level too), and the
-        application communicating through :attr:`comm` only (see ``docs/ulfm.md``).
+        --with-ft ulfm``; a clear error otherwise), the posix backend, blocking saves
+        (flushes of a node-local level too), and the application communicating through
+        :attr:`comm` only. Uncoordinated: every rank goes back to its own newest
+        checkpoint and the logged messages are replayed (see ``docs/ulfm.md``).
 
     Examples
     --------
@@ -479,7 +480,8 @@ class Checkpointer:
         the replacement processes (which meet it in their :meth:`restore`). Needs
         ``recovery="ulfm"``. The survivors keep their rank numbers and process ids; each
         replacement takes a lost rank's number. Every rank's ``state`` is then filled
-        from the newest committed step, as by :meth:`restore`; :attr:`last_recovery`
+        from the newest committed step, as by :meth:`restore` (uncoordinated: each
+        rank's own newest checkpoint, then the logged messages are replayed); :attr:`last_recovery`
         tells which ranks were replaced and how long the repair took. Get :attr:`comm`
         again afterwards: it is a new communicator.
 

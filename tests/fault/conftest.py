@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.heat_output import Finished  # noqa: F401 - imported from here by the fault tests
+
 if shutil.which("mpiexec") is None:
     pytest.skip("mpiexec is not installed (run `make install`)", allow_module_level=True)
 
-DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=([\w,]+) checksum=([0-9a-f]{64})$", re.MULTILINE)
 JOB_TIMEOUT = 50
 
 
@@ -28,27 +27,6 @@ def heat_command(ranks: int, run_dir: Path, *args: str, n: int = 96, iters: int 
 
 def relaunched(command: list[str], max_restarts: int = 2) -> list[str]:
     return [sys.executable, "-m", "hpckpt", "run", "--delay", "0", "--max-restarts", str(max_restarts), "--", *command]
-
-
-@dataclass
-class Finished:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def checksum(self) -> str:
-        match = DONE.search(self.stdout)
-        assert match, f"no 'heat: done' line; stdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}"
-        return match.group(3)
-
-    @property
-    def resumed_from(self) -> str:
-        return DONE.search(self.stdout).group(2)
-
-    @property
-    def failed_attempts(self) -> int:
-        return len(re.findall(r"^hpckpt run: attempt \d+/\d+ failed", self.stderr, re.MULTILINE))
 
 
 def run(command: list[str], env: dict[str, str] | None = None) -> Finished:

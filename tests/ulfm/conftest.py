@@ -14,10 +14,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.heat_output import Finished
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPCKPT_ULFM_VENV", REPO / ".venv-ulfm"))
@@ -26,7 +27,6 @@ MPIEXEC = VENV / "bin" / "mpiexec"
 ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--oversubscribe"]
 ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
 JOB_TIMEOUT = 50
-DONE = re.compile(r"^heat: done iters=(\d+) resumed_from=([\w,]+) checksum=([0-9a-f]{64})$", re.MULTILINE)
 RECOVERED = re.compile(r"^heat: recovered from the failure of rank\(s\) ([\d,]+) in ([\d.]+) s", re.MULTILINE)
 
 if FAILED_NOTE.exists():
@@ -45,19 +45,8 @@ def heat_command(ranks: int, run_dir: Path, *args: str, ft: bool = True, iters: 
     ]  # fmt: skip
 
 
-@dataclass
-class Job:
-    """A finished job: its exit status, output, and the pids it reported."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def checksum(self) -> str:
-        match = DONE.search(self.stdout)
-        assert match, f"no 'heat: done' line; stdout:\n{self.stdout}\nstderr:\n{self.stderr[-3000:]}"
-        return match.group(3)
+class Job(Finished):
+    """A finished job, with the process ids and recoveries it reported."""
 
     def pids(self, when: str) -> list[int]:
         match = re.search(rf"^heat: {when} pids=([\d,]+)$", self.stdout, re.MULTILINE)
