@@ -13,13 +13,10 @@ def test_an_unknown_recovery_mode_is_named(tmp_path):
         hpckpt.Checkpointer(tmp_path, comm=MPI.COMM_SELF, backend="posix", recovery="respawn")
 
 
-@pytest.mark.parametrize(
-    "options",
-    [{"backend": "hdf5"}, {"backend": "posix", "protocol": "uncoordinated"}],
-)
-def test_ulfm_refuses_what_it_cannot_repair(tmp_path, options):
-    with pytest.raises(ValueError, match="recovery=.ulfm. works with protocol=.coordinated. and backend=.posix. only"):
-        hpckpt.Checkpointer(tmp_path, comm=MPI.COMM_SELF, recovery="ulfm", **options)
+@pytest.mark.parametrize("backend", ["hdf5", "adios2"])
+def test_ulfm_refuses_collective_io_backends(tmp_path, backend):
+    with pytest.raises(ValueError, match=f"recovery='ulfm' works with backend='posix' only \\(got backend='{backend}'\\)"):
+        hpckpt.Checkpointer(tmp_path, comm=MPI.COMM_SELF, recovery="ulfm", backend=backend)
 
 
 def test_mpich_is_refused_because_its_survivors_are_never_told(tmp_path):
