@@ -177,12 +177,14 @@ class Checkpointer:
             comm = MPI.COMM_WORLD
         self.recovery = recovery
         self.last_recovery: ulfm.Repair | None = None
+        self.recoveries: list[ulfm.Repair] = []  # every repair this process took part in
         if recovery is not None:
             check_recovery_options(recovery, backend)
             ulfm.check_support(comm)
             parent = ulfm.parent_of_replacement()
             if parent is not None:  # this process replaces a lost rank of a running job
                 self.last_recovery = ulfm.join(parent)
+                self.recoveries.append(self.last_recovery)
                 comm = self.last_recovery.comm
                 os.environ[ATTEMPT_ENV] = "replacement"  # injected faults fire in the first process only
         stripes = Striping.of(striping)
@@ -204,6 +206,8 @@ class Checkpointer:
             self._rank = UncoordinatedRank(
                 self._comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
             )
+            if recovery is not None:  # survivors of a failure go on where they are
+                self._rank.comm.on_failure = self._continue_after_failure
         self.max_in_flight = max_in_flight
         self.keep_best, self.best, self.schedule = keep_best, best, schedule
         self._local: NodeLocalStore | None = None
@@ -434,7 +438,11 @@ class Checkpointer:
                 names = ", ".join(repr(path) for path, _ in pickled)
                 warnings.warn(f"unpickling {names} of step {step} (allow_pickle=True): this runs code named in "
                               "the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=2)
-            run_phase(self._comm, f"restore step {step}: unpickle", lambda: [leaf.unpickle() for _, leaf in pickled])
+            unpickle = lambda: [leaf.unpickle() for _, leaf in pickled]  # noqa: E731
+            if self._rank is not None and self.recovery is not None:
+                unpickle()  # not a phase: survivors of an in-job repair do not restore (see recover)
+            else:
+                run_phase(self._comm, f"restore step {step}: unpickle", unpickle)
         return step
 
     def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
@@ -499,30 +507,44 @@ class Checkpointer:
         """
         if self.recovery != "ulfm" or not ulfm.is_process_failure(failure):
             raise failure
+        self._repair()
+        if self._rank is not None:  # this rank goes back to its own newest checkpoint; the others may go on
+            self._rank.comm.determinants.close()
+        return self.restore(state, allow_pickle=allow_pickle)
+
+    def _repair(self) -> None:
+        """Replace the lost ranks and go on over the repaired communicator (see :meth:`recover`)."""
         from mpi4py import MPI
 
         damaged = [self._comm]
         if self._rank is not None:
             damaged += self._rank.comm.communicators()
-            self._rank.comm.determinants.close()
         if self._local is not None and self._local.group is not None:
             damaged.append(self._local.group)
         # Revoke every communicator a survivor may be waiting in, so all of them come here.
-        self.last_recovery = ulfm.repair(self._comm, others=damaged[1:])
+        repair = ulfm.repair(self._comm, others=damaged[1:])
+        self.last_recovery = repair
+        self.recoveries.append(repair)
         for communicator in damaged:
             try:
                 communicator.Free()
             except MPI.Exception:  # a revoked communicator may refuse; it is dropped either way
                 pass
-        self._attach(self.last_recovery.comm)
-        self.last_recovery.comm.Free()
-        if self._rank is not None:  # every rank goes back to its own newest checkpoint
-            self._rank = UncoordinatedRank(
-                self._comm, self.run_dir.root, self.backend, self.keep, durable_determinants=self._durable
-            )
+        self._attach(repair.comm)
+        if self._rank is not None:  # as a replacement's UncoordinatedRank does
+            self._rank.comm.reconnect(self._comm)
+        repair.comm.Free()
         if self._local is not None:
             self._local = NodeLocalStore(self._comm, *self._local_args)
-        return self.restore(state, allow_pickle=allow_pickle)
+
+    def _continue_after_failure(self) -> None:
+        """Uncoordinated: a logged operation met a process failure. Repair, then go on
+        where this rank was: only the replaced ranks (and ranks whose own error made
+        them call :meth:`recover`) go back to their checkpoints. Matches their
+        :meth:`restore`, phase for phase."""
+        self._repair()
+        run_phase(self._comm, "restore: pickled leaves", lambda: None)
+        self._rank.continue_after_repair(self._comm)
 
     def steps(self) -> list[int]:
         """Committed steps, oldest first. Collective over ``comm`` (uncoordinated: this rank's)."""

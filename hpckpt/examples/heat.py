@@ -165,15 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     u[:] = 0.0
                     set_boundaries(u, first_row, args.n)
                     state["iteration"] = 0
-                repair = checkpointer.last_recovery
-                if comm.rank == min(set(range(comm.size)) - set(repair.failed)):  # the first survivor
-                    print(
-                        f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} in "
-                        f"{time.perf_counter() - caught:.3f} s (repair {repair.seconds:.3f} s); "
-                        f"resumed from step {resumed} (iteration {state['iteration']})"
-                        + (f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""),
-                        flush=True,
-                    )
+                level = f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""
+                report_recovery(
+                    comm,
+                    checkpointer.last_recovery,
+                    f"resumed from step {resumed} (iteration {state['iteration']}){level}",
+                    time.perf_counter() - caught,
+                )
         if stopped is not None:
             return stopped
         checkpointer.wait()
@@ -188,10 +186,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def report_recovery(comm, repair, what: str, seconds: float | None = None) -> None:  # noqa: ANN001
+    """The first surviving rank prints which ranks were replaced, how fast, and how the job went on."""
+    if comm.rank == min(set(range(comm.size)) - set(repair.failed)):
+        took = repair.seconds if seconds is None else seconds
+        print(
+            f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} in {took:.3f} s "
+            f"(repair {repair.seconds:.3f} s); {what}",
+            flush=True,
+        )
+
+
 def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phase: int, job, schedule) -> int | None:  # noqa: ANN001
     """Run the iterations from ``state["iteration"]``; the exit status when told to stop early, else None."""
     halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
+    seen = len(checkpointer.recoveries)
     for iteration in range(int(state["iteration"]), args.iters):
+        if len(checkpointer.recoveries) > seen:  # uncoordinated ULFM: repaired inside ckpt.comm, went on
+            seen = len(checkpointer.recoveries)
+            report_recovery(halo_comm, checkpointer.last_recovery, f"the survivors went on at iteration {iteration}")
         if iteration == args.crash_at_iter and halo_comm.rank == args.crash_rank and first_attempt():
             os.kill(os.getpid(), signal.SIGKILL)
         exchange_halos(halo_comm, u)

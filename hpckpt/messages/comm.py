@@ -59,8 +59,15 @@ class _Completed:
 class LoggedRequest:
     """A nonblocking send or receive on a :class:`LoggedComm`; finish it with Wait or Test."""
 
-    def __init__(self, owner: LoggedComm, request: MPI.Request, finish: Callable[[MPI.Status], None]) -> None:
+    def __init__(
+        self,
+        owner: LoggedComm,
+        request: MPI.Request,
+        finish: Callable[[MPI.Status], None],
+        repost: Callable[[], MPI.Request] | None = None,
+    ) -> None:
         self._owner, self._request, self._finish, self._done = owner, request, finish, False
+        self._repost = repost  # a receive posts itself again after a repair; a send is replayed instead
         owner._open += 1
 
     def _complete(self, status: MPI.Status) -> None:
@@ -75,7 +82,12 @@ class LoggedRequest:
         from mpi4py import MPI
 
         local = MPI.Status()
-        self._request.Wait(local)
+        while not self._owner._survived(lambda: self._request.Wait(local)):
+            if self._repost is None:  # a logged send: the repair replays it to whoever lacks it
+                self._done = True
+                self._owner._open -= 1
+                return
+            self._request = self._repost()
         self._complete(local)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -87,7 +99,15 @@ class LoggedRequest:
         from mpi4py import MPI
 
         local = MPI.Status()
-        if not self._request.Test(local):
+        done: list[bool] = []
+        if not self._owner._survived(lambda: done.append(self._request.Test(local))):
+            if self._repost is None:
+                self._done = True
+                self._owner._open -= 1
+                return True
+            self._request = self._repost()
+            return False
+        if not done[0]:
             return False
         self._complete(local)
         if status is not None:
@@ -131,6 +151,9 @@ class LoggedComm:
         self._peer_done: dict[int, int] = {}
         self._notices_sent = np.zeros(self.size, dtype=np.int64)
         self._notices_received = np.zeros(self.size, dtype=np.int64)
+        # Set by the Checkpointer with recovery="ulfm": called when an operation meets a
+        # process failure; it repairs the job and calls reconnect() and recover(survivor=True).
+        self.on_failure: Callable[[], None] | None = None
 
     # -- mpi4py look-alikes -------------------------------------------------
 
@@ -153,21 +176,22 @@ class LoggedComm:
         """Blocking send of a buffer, logged."""
         payload = self._log_send(_payload(buf, f"Send to rank {dest}"), dest, tag)
         if payload is not None:
-            self._comm.Send([payload, self._mpi.BYTE], dest, tag)
+            self._survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> LoggedRequest | _Completed:  # noqa: N802
         """Nonblocking send of a buffer, logged (the logged copy is sent: reuse ``buf`` at once)."""
         payload = self._log_send(_payload(buf, f"Isend to rank {dest}"), dest, tag)
-        if payload is None:
+        requests: list[MPI.Request] = []
+        if payload is None or not self._survived(lambda: requests.append(self._comm.Isend([payload, self._mpi.BYTE], dest, tag))):
             return _Completed()
-        return LoggedRequest(self, self._comm.Isend([payload, self._mpi.BYTE], dest, tag), lambda status: None)
+        return LoggedRequest(self, requests[0], lambda status: None)
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Blocking send of a picklable object, logged."""
         payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
         payload = self._log_send(payload, dest, tag)
         if payload is not None:
-            self._comm.Send([payload, self._mpi.BYTE], dest, tag)
+            self._survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
 
     def Irecv(self, buf: Any, source: int | None = None, tag: int | None = None) -> LoggedRequest | _Completed:  # noqa: N802
         """Nonblocking receive into a buffer; checked and counted when it completes."""
@@ -178,8 +202,14 @@ class LoggedComm:
         if source == MPI.PROC_NULL:
             return _Completed()
         source, tag, wildcard, expected = self._match(source, tag)
-        request = self._comm.Irecv([target, self._mpi.BYTE], source, tag)
-        return LoggedRequest(self, request, lambda status: self._deliver(status, wildcard, expected))
+
+        def post() -> MPI.Request:
+            return self._comm.Irecv([target, self._mpi.BYTE], source, tag)
+
+        requests: list[MPI.Request] = []
+        while not self._survived(lambda: requests.append(post())):
+            pass
+        return LoggedRequest(self, requests[0], lambda status: self._deliver(status, wildcard, expected), post)
 
     def Recv(self, buf: Any, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> None:  # noqa: N802
         """Blocking receive into a buffer."""
@@ -192,9 +222,17 @@ class LoggedComm:
         tag = MPI.ANY_TAG if tag is None else tag
         source, tag, wildcard, expected = self._match(source, tag)
         local = MPI.Status()
-        message = self._comm.mprobe(source, tag, local)
-        payload = np.empty(local.Get_count(MPI.BYTE), dtype=np.uint8)
-        message.Recv([payload, MPI.BYTE], local)
+        received: list[np.ndarray] = []
+
+        def receive() -> None:
+            message = self._comm.mprobe(source, tag, local)
+            payload = np.empty(local.Get_count(MPI.BYTE), dtype=np.uint8)
+            message.Recv([payload, MPI.BYTE], local)
+            received.append(payload)
+
+        while not self._survived(receive):
+            pass
+        payload = received[0]
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -215,17 +253,21 @@ class LoggedComm:
         source = MPI.ANY_SOURCE if source is None else source
         recvtag = MPI.ANY_TAG if recvtag is None else recvtag
         target = _target(recvbuf, f"Sendrecv from rank {source}")
-        payload = self._log_send(_payload(sendbuf, f"Sendrecv to rank {dest}"), dest, sendtag)
         if source == MPI.PROC_NULL:
+            payload = self._log_send(_payload(sendbuf, f"Sendrecv to rank {dest}"), dest, sendtag)
             if payload is not None:
-                self._comm.Send([payload, MPI.BYTE], dest, sendtag)
+                self._survived(lambda: self._comm.Send([payload, MPI.BYTE], dest, sendtag))
             return
         source, recvtag, wildcard, expected = self._match(source, recvtag)
+        # Logged last, right before it goes out: a repair in between (_match polls) would
+        # replay it, and the send below would then deliver it twice.
+        payload = self._log_send(_payload(sendbuf, f"Sendrecv to rank {dest}"), dest, sendtag)
         local = MPI.Status()
-        if payload is None:
-            self._comm.Recv([target, MPI.BYTE], source, recvtag, local)
-        else:
-            self._comm.Sendrecv([payload, MPI.BYTE], dest, sendtag, [target, MPI.BYTE], source, recvtag, local)
+        if payload is None or not self._survived(
+            lambda: self._comm.Sendrecv([payload, MPI.BYTE], dest, sendtag, [target, MPI.BYTE], source, recvtag, local)
+        ):  # after a repair the send is replayed by the recovery, the receive is posted again
+            while not self._survived(lambda: self._comm.Recv([target, MPI.BYTE], source, recvtag, local)):
+                pass
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -328,7 +370,9 @@ class LoggedComm:
                     )
                 result[:] = logged
         else:
-            run()
+            if not self._survived(run):  # some ranks may have finished it: ask again after the repair
+                self._collective(run, result)
+                return
             logged = result.copy() if result is not None else np.empty(0, dtype=np.uint8)
         self.state.results[index] = logged
         self.state.collectives_done = index + 1
@@ -336,18 +380,56 @@ class LoggedComm:
     def _fetch_result(self, provider: int, index: int) -> np.ndarray:
         MPI = self._mpi
         status = MPI.Status()
-        self._ctl.Probe(provider, TAG_RESULT, status)
-        logged = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-        self._ctl.Recv(logged, provider, TAG_RESULT)
-        return logged
+        fetched: list[np.ndarray] = []
+
+        def fetch() -> None:
+            self._ctl.Probe(provider, TAG_RESULT, status)
+            logged = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+            self._ctl.Recv(logged, provider, TAG_RESULT)
+            fetched.append(logged)
+
+        if not self._survived(fetch):  # the repair served the results again, maybe by another rank
+            return self._fetch_result(self._providers[index], index)
+        return fetched[0]
 
     def _poll(self) -> None:
         """Apply the commit notices that have arrived; finish completed background sends."""
         MPI = self._mpi
         status = MPI.Status()
-        while self._ctl.Iprobe(MPI.ANY_SOURCE, TAG_NOTICE, status):
-            self._receive_notice(status.Get_source(), status.Get_count(MPI.BYTE) // 8)
-        self._pending = [(request, data) for request, data in self._pending if not request.Test()]
+
+        def poll() -> None:
+            while self._ctl.Iprobe(MPI.ANY_SOURCE, TAG_NOTICE, status):
+                self._receive_notice(status.Get_source(), status.Get_count(MPI.BYTE) // 8)
+            self._pending = [(request, data) for request, data in self._pending if not request.Test()]
+
+        self._survived(poll)
+
+    def _survived(self, action: Callable[[], object]) -> bool:
+        """Run ``action``; True if it finished. False when it met a process failure that
+        ``on_failure`` then repaired (the caller decides what to do again); other errors,
+        and failures without ``on_failure``, are raised."""
+        try:
+            action()
+            return True
+        except self._mpi.Exception as exc:
+            from ..recovery.ulfm import is_process_failure
+
+            if self.on_failure is None or not is_process_failure(exc):
+                raise
+        self.on_failure()
+        return False
+
+    def reconnect(self, comm: MPI.Comm) -> None:
+        """Go on over ``comm`` (a repaired communicator of the same ranks). Collective.
+
+        The message state (counters, logs, results) is kept; requests and notices in
+        flight on the old communicators are dropped: the recovery that follows replays
+        whatever a receiver lacks.
+        """
+        self._comm, self._ctl = comm.Dup(), comm.Dup()
+        self._pending = []
+        self._notices_sent = np.zeros(self.size, dtype=np.int64)
+        self._notices_received = np.zeros(self.size, dtype=np.int64)
 
     def _receive_notice(self, peer: int, length: int) -> None:
         notice = np.empty(length, dtype=np.int64)
@@ -381,8 +463,8 @@ class LoggedComm:
                 continue
             rows = [(tag, n) for (source, tag), n in sorted(oldest_delivered.items()) if source == peer]
             notice = np.array([oldest_done, *[x for row in rows for x in row]], dtype=np.int64)
-            self._pending.append((self._ctl.Isend(notice, peer, TAG_NOTICE), notice))
-            self._notices_sent[peer] += 1
+            if self._survived(lambda: self._pending.append((self._ctl.Isend(notice, peer, TAG_NOTICE), notice))):
+                self._notices_sent[peer] += 1
 
     def check_quiet(self, step: int) -> None:
         """Refuse a checkpoint while nonblocking requests are open (their messages would be lost)."""
@@ -392,14 +474,18 @@ class LoggedComm:
                 f"{self.rank}; Wait for them before saving"
             )
 
-    def recover(self, state: MessageState, forced: dict[int, tuple[int, int, int]]) -> None:
+    def recover(self, state: MessageState, forced: dict[int, tuple[int, int, int]], *, survivor: bool = False) -> None:
         """Restart after a relaunch: agree on what each checkpoint holds, replay, serve results.
 
         Collective over the communicator: every rank calls it once, after restoring its
-        own newest checkpoint (``state``; an empty state when it has none).
+        own newest checkpoint (``state``; an empty state when it has none). A
+        ``survivor`` of an in-job repair calls it with its current state instead and goes
+        on where it was: it replays what the others lack and serves its results.
         """
-        self.state, self._forced, self._wildcards = state, forced, 0
-        self._posted = dict(state.delivered)
+        if not survivor:
+            self.state, self._forced, self._wildcards = state, forced, 0
+            self._posted = dict(state.delivered)
+        self._suppress = {}
         rows = np.array([[s, t, n] for (s, t), n in sorted(state.delivered.items())], dtype=np.int64).reshape(-1)
         counts = np.array(self._ctl.allgather(rows.size), dtype=np.int64)
         everyone = np.empty(int(counts.sum()), dtype=np.int64)

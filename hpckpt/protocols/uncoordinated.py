@@ -96,6 +96,15 @@ class UncoordinatedRank:
         self.restored_step = step
         return step
 
+    def continue_after_repair(self, world: MPI.Comm) -> None:
+        """After an in-job repair, on a rank that goes on where it was. Collective.
+
+        Matches a restoring rank's :meth:`restore` (its agreement, then the message
+        recovery) with this rank's current message state.
+        """
+        run_phase(world, "restore (uncoordinated): own checkpoint", lambda: None)
+        self.comm.recover(self.comm.state, {}, survivor=True)
+
     def steps(self) -> list[int]:
         """This rank's committed steps. Not collective."""
         return self.run_dir.committed_steps()

@@ -74,18 +74,34 @@ def test_a_lost_node_is_restored_from_the_partner_copy(tmp_path, reference_check
     assert "from the node-local level" in job.stdout.split("heat: recovered", 1)[1].splitlines()[0]
 
 
+def assert_only_the_lost_rank_rolled_back(job, killed: int) -> None:
+    resumed = job.resumed_from.split(",")
+    assert [value for rank, value in enumerate(resumed) if rank != killed] == ["none", "none"], job.stdout
+    assert "the survivors went on at iteration" in job.stdout
+
+
 @pytest.mark.parametrize("seed", range(5))
-def test_uncoordinated_ranks_resume_in_job_from_their_own_checkpoints(seed, tmp_path, reference_checksum):
-    """Uncoordinated protocol: after the repair every rank restores its own newest
-    checkpoint (different iterations) and the logged messages are replayed."""
+def test_uncoordinated_only_the_lost_rank_rolls_back(seed, tmp_path, reference_checksum):
+    """Uncoordinated protocol: the survivors repair inside the logged communicator and go
+    on where they were (they never restore); the replacement restores its own newest
+    checkpoint, and the survivors replay the logged messages it lacks."""
     rng = random.Random(100 + seed)
     rank, delay = rng.randrange(3), rng.uniform(0.05, 1.2)
     command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated")
     job = run_killing(command, [(rank, delay)])
     assert_recovered(job, reference_checksum, [rank])
+    assert_only_the_lost_rank_rolled_back(job, rank)
 
 
 def test_uncoordinated_failure_during_a_rank_checkpoint(tmp_path, reference_checksum):
     command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated", pace=0.002)
     job = run_job(command, env={"HPCKPT_FAULT": "save.write:2:kill:3"})
     assert_recovered(job, reference_checksum, [2])
+    assert_only_the_lost_rank_rolled_back(job, 2)
+
+
+def test_uncoordinated_two_failures(tmp_path, reference_checksum):
+    command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated")
+    job = run_killing(command, [(0, 0.3), (2, 0.4)])
+    assert_recovered(job, reference_checksum, [0, 2])
+    assert job.resumed_from.split(",")[1] == "none"  # rank 1 survived both
