@@ -87,7 +87,7 @@ class LoggedRequest:
                 self._done = True
                 self._owner._open -= 1
                 return
-            self._request = self._repost()
+            self._request = self._owner._post(self._repost)
         self._complete(local)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -105,7 +105,7 @@ class LoggedRequest:
                 self._done = True
                 self._owner._open -= 1
                 return True
-            self._request = self._repost()
+            self._request = self._owner._post(self._repost)
             return False
         if not done[0]:
             return False
@@ -206,10 +206,7 @@ class LoggedComm:
         def post() -> MPI.Request:
             return self._comm.Irecv([target, self._mpi.BYTE], source, tag)
 
-        requests: list[MPI.Request] = []
-        while not self._survived(lambda: requests.append(post())):
-            pass
-        return LoggedRequest(self, requests[0], lambda status: self._deliver(status, wildcard, expected), post)
+        return LoggedRequest(self, self._post(post), lambda status: self._deliver(status, wildcard, expected), post)
 
     def Recv(self, buf: Any, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> None:  # noqa: N802
         """Blocking receive into a buffer."""
@@ -418,6 +415,13 @@ class LoggedComm:
                 raise
         self.on_failure()
         return False
+
+    def _post(self, post: Callable[[], MPI.Request]) -> MPI.Request:
+        """``post()`` a receive, again on the repaired communicator if a failure interrupts it."""
+        requests: list[MPI.Request] = []
+        while not self._survived(lambda: requests.append(post())):
+            pass
+        return requests[0]
 
     def reconnect(self, comm: MPI.Comm) -> None:
         """Go on over ``comm`` (a repaired communicator of the same ranks). Collective.

@@ -1,6 +1,6 @@
 """A job that uses every logged operation of ``ckpt.comm`` (uncoordinated protocol).
 
-``mpiexec -n 4 python -m tests.jobs.logged_app DIR [--iters 60] [--every 6] [--crash RANK:ITER]``
+``mpiexec -n 4 python -m tests.jobs.logged_app DIR [--iters 60] [--every 6] [--crash RANK:ITER] [--ulfm]``
 
 Each iteration: a ring ``Sendrecv``, ``Isend``/``Irecv`` with ``Waitall`` the other way,
 objects sent to rank 0 and received there from ``ANY_SOURCE`` (arrival order varies
@@ -25,6 +25,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -42,6 +43,8 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=6)
     parser.add_argument("--backend", default="posix")
     parser.add_argument("--crash", help="RANK:ITER: that rank SIGKILLs itself at that iteration (first attempt)")
+    parser.add_argument("--ulfm", action="store_true", help="recovery='ulfm' (mpiexec --with-ft ulfm): survivors go on")
+    parser.add_argument("--pace", type=float, default=0.0, help="sleep this many seconds per iteration")
     args = parser.parse_args()
     from mpi4py import MPI
 
@@ -49,17 +52,24 @@ def main() -> int:
     from hpckpt.testing.faults import first_attempt
 
     world = MPI.COMM_WORLD
-    rank, size = world.rank, world.size
     crash_rank, crash_iter = (int(x) for x in args.crash.split(":")) if args.crash else (-1, -1)
-    state = {
-        "acc": hpckpt.Local(np.arange(8, dtype=np.float64) + rank),
-        "order": hpckpt.Local(np.zeros(0, dtype=np.int64), resizable=True),
-        "chain": hpckpt.Local(np.zeros(1, dtype=np.int64)),
-        "iteration": 0,
-    }
     log_peak = 0
-    with hpckpt.Checkpointer(args.dir, comm=world, protocol="uncoordinated", backend=args.backend) as ckpt:
+    recovery = "ulfm" if args.ulfm else None
+    with hpckpt.Checkpointer(args.dir, comm=world, protocol="uncoordinated", backend=args.backend, recovery=recovery) as ckpt:
+        if args.ulfm:  # a replacement's COMM_WORLD holds only itself; gather on ckpt.comm, before closing it
+            world = ckpt.comm
+        rank, size = world.rank, world.size
+        state = {
+            "acc": hpckpt.Local(np.arange(8, dtype=np.float64) + rank),
+            "order": hpckpt.Local(np.zeros(0, dtype=np.int64), resizable=True),
+            "chain": hpckpt.Local(np.zeros(1, dtype=np.int64)),
+            "iteration": 0,
+        }
         resumed = ckpt.restore(state)
+        if args.ulfm and not ckpt.recoveries:
+            pids = world.gather(os.getpid(), root=0)
+            if rank == 0:
+                print(f"app: started pids={','.join(map(str, pids))}", flush=True)
         comm = ckpt.comm
         acc, chain = state["acc"].array, state["chain"].array
         order = [int(source) for source in state["order"].array]
@@ -93,12 +103,23 @@ def main() -> int:
                 acc[5] = reduced.max() * 1e-3
             if iteration % 5 == 0:
                 comm.Barrier()
+            if args.pace:
+                time.sleep(args.pace)
             done = iteration + 1
             if (done + rank * args.every // size) % args.every == 0:
                 state["iteration"] = done
                 state["order"] = hpckpt.Local(np.array(order, dtype=np.int64), resizable=True)
                 ckpt.save(done, state)
                 log_peak = max(log_peak, comm.state.log_bytes())
+        if args.ulfm:
+            report(world, args, acc, chain, order, resumed, log_peak)
+            return 0
+    report(world, args, acc, chain, order, resumed, log_peak)
+    return 0
+
+
+def report(world, args, acc, chain, order, resumed, log_peak) -> None:  # noqa: ANN001
+    rank, size = world.rank, world.size
     accs = world.gather(acc.copy(), root=0)
     chains = world.gather(int(chain[0]), root=0)
     resumed_all = world.gather("none" if resumed is None else str(resumed), root=0)
@@ -115,7 +136,6 @@ def main() -> int:
             f"consistent={'yes' if consistent else 'no'} log_peak={max(peaks)}",
             flush=True,
         )
-    return 0
 
 
 if __name__ == "__main__":

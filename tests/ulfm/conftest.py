@@ -27,6 +27,7 @@ MPIEXEC = VENV / "bin" / "mpiexec"
 ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--oversubscribe"]
 ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
 JOB_TIMEOUT = 50
+STARTED = re.compile(r"^\w+: started pids=([\d,]+)$")  # the heat solver's and tests/jobs/logged_app's
 RECOVERED = re.compile(r"^heat: recovered from the failure of rank\(s\) ([\d,]+) in ([\d.]+) s", re.MULTILINE)
 
 if FAILED_NOTE.exists():
@@ -84,9 +85,10 @@ def run_killing(
     try:
         for line in process.stdout:
             lines.append(line)
-            if line.startswith("heat: started pids="):
-                pids = [int(pid) for pid in line.split("=", 1)[1].split(",")]
-            if pending and line.startswith(("heat: started pids=", "heat: recovered")):
+            started = STARTED.match(line)
+            if started:
+                pids = [int(pid) for pid in started.group(1).split(",")]
+            if pending and (started or line.startswith("heat: recovered")):
                 rank, delay = pending.pop(0)
                 time.sleep(delay)
                 if while_stopped is not None:
