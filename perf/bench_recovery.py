@@ -11,14 +11,17 @@ sleep per iteration so that the run is long against start-up) runs four ways, ea
 - ``ulfm, no failure`` and ``ulfm, rank 1 killed``: Open MPI 5 from .venv-ulfm,
   ``mpiexec --with-ft ulfm``, ``--recovery ulfm``; rank 1 SIGKILLs itself at
   ``--crash-at``; the survivors repair the communicator, a replacement restores;
+- ``ulfm uncoordinated, ...``: the same with ``--protocol uncoordinated``: only rank 1's
+  replacement goes back (to rank 1's own newest checkpoint); the survivors wait for it
+  in their halo exchanges;
 - ``relaunch, ...``: the same Open MPI without failure detection, under ``hpckpt run``:
   the job dies and is started again, every rank restores;
 - ``relaunch mpich, ...``: the same with MPICH from .venv (the main environment; MPICH
   busy-polls, so 3 ranks on 2 cores run slower here).
 
 The time lost is the median wall time with the failure minus the median without, in the
-same environment; both roll back to the same checkpoint, so they re-execute the same
-iterations. Every run must end with the fault-free checksum.
+same environment; the coordinated ways roll back to the same checkpoint, so they
+re-execute the same iterations. Every run must end with the fault-free checksum.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ def heat(args: argparse.Namespace, run_dir: Path, python: Path, crash: bool) -> 
 def way_command(way: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
     crash = way.endswith("killed")
     if way.startswith("ulfm"):
-        return [str(ULFM_BIN / "mpiexec"), *ULFM_FLAGS, "-n", "3", *heat(args, run_dir, ULFM_BIN / "python", crash), "--recovery", "ulfm"]
+        protocol = ["--protocol", "uncoordinated"] if way.startswith("ulfm uncoordinated") else []
+        job = heat(args, run_dir, ULFM_BIN / "python", crash)
+        return [str(ULFM_BIN / "mpiexec"), *ULFM_FLAGS, "-n", "3", *job, "--recovery", "ulfm", *protocol]
     bin_dir = MAIN_BIN if way.startswith("relaunch mpich") else ULFM_BIN
     launcher = ["mpiexec"] if bin_dir == MAIN_BIN else [str(ULFM_BIN / "mpiexec"), "--oversubscribe"]
     job = [*launcher, "-n", "3", *heat(args, run_dir, bin_dir / "python", crash)]
@@ -74,7 +79,7 @@ def main() -> None:
     parser.add_argument("--dir", default=".bench-recovery")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    kinds = ("ulfm", "relaunch", "relaunch mpich")
+    kinds = ("ulfm", "ulfm uncoordinated", "relaunch", "relaunch mpich")
     ways = [f"{kind}, {what}" for kind in kinds for what in ("no failure", "rank 1 killed")]
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     recoveries: list[tuple[float, float]] = []
@@ -103,9 +108,8 @@ def main() -> None:
         print(f"  {way:30s} {medians[way]:7.3f} s")
     recover_s = statistics.median(r for r, _ in recoveries)
     repair_s = statistics.median(p for _, p in recoveries)
-    print(f"  time lost: ulfm {lost['ulfm']:.3f} s, relaunch {lost['relaunch']:.3f} s "
-          f"({lost['relaunch'] / lost['ulfm']:.1f} x ulfm), relaunch mpich {lost['relaunch mpich']:.3f} s "
-          f"({lost['relaunch mpich'] / lost['ulfm']:.1f} x ulfm)")
+    print("  time lost: " + ", ".join(
+        f"{kind} {lost[kind]:.3f} s ({lost[kind] / lost['ulfm']:.1f} x ulfm)" for kind in kinds))
     print(f"  ulfm recovery as the job measures it: {recover_s:.3f} s (repair {repair_s:.3f} s, the rest restore)")
     if args.json:
         Path(args.json).write_text(json.dumps(
