@@ -19,14 +19,14 @@ from .protocols import PROTOCOLS
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
 from .protocols.uncoordinated import UncoordinatedRank
-from .schedule import Schedule
 from .recovery import ulfm
+from .recovery.relaunch import ATTEMPT_ENV
 from .recovery.restart import list_committed_steps, restore_newest
+from .schedule import Schedule
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
 from .storage.lustre import Striping, backend_defaults
 from .storage.lock import RunLock
-from .recovery.relaunch import ATTEMPT_ENV
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -114,15 +114,16 @@ class Checkpointer:
         ``k >= 2``: store only the blocks that changed since the newest committed
         step, with a full step every ``k`` saves (see :meth:`save`).
     recovery
-        ``"ulfm"``: when a process dies, the survivors keep running: :meth:`recover`
-        repairs :attr:`comm`, starts a replacement process for each lost rank and
-        restores every rank from the newest committed step; the replacement runs the
-        same program and takes the lost rank's place when it creates its
-        Checkpointer. Needs an MPI with ULFM (Open MPI 5 started with ``mpiexec
-        --with-ft ulfm``; a clear error otherwise), the posix backend, blocking saves
-        (flushes of a node-local level too), and the application communicating through
-        :attr:`comm` only. Uncoordinated: every rank goes back to its own newest
-        checkpoint and the logged messages are replayed (see ``docs/ulfm.md``).
+        ``"ulfm"``: when a process dies, the survivors keep running and a replacement
+        process (the same program) takes each lost rank's place when it creates its
+        Checkpointer. Coordinated: :meth:`recover` repairs :attr:`comm` and restores
+        every rank from the newest committed step. Uncoordinated: the repair happens
+        inside the :attr:`comm` operation that met the failure; only the replacement
+        restores (its own newest checkpoint) and the survivors replay what it lacks.
+        Needs an MPI with ULFM (Open MPI 5 started with ``mpiexec --with-ft ulfm``; a
+        clear error otherwise), the posix backend, blocking saves (flushes of a
+        node-local level too), and the application communicating through :attr:`comm`
+        only (see ``docs/ulfm.md``).
 
     Examples
     --------
@@ -202,7 +203,6 @@ class Checkpointer:
             self.last_recovery.comm.Free()
         self._rank: UncoordinatedRank | None = None
         if protocol == "uncoordinated":
-            self._durable = durable_determinants
             self._rank = UncoordinatedRank(
                 self._comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
             )
@@ -438,7 +438,11 @@ class Checkpointer:
                 names = ", ".join(repr(path) for path, _ in pickled)
                 warnings.warn(f"unpickling {names} of step {step} (allow_pickle=True): this runs code named in "
                               "the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=2)
-            unpickle = lambda: [leaf.unpickle() for _, leaf in pickled]  # noqa: E731
+
+            def unpickle() -> None:
+                for _, leaf in pickled:
+                    leaf.unpickle()
+
             if self._rank is not None and self.recovery is not None:
                 unpickle()  # not a phase: survivors of an in-job repair do not restore (see recover)
             else:
@@ -488,10 +492,11 @@ class Checkpointer:
         the replacement processes (which meet it in their :meth:`restore`). Needs
         ``recovery="ulfm"``. The survivors keep their rank numbers and process ids; each
         replacement takes a lost rank's number. Every rank's ``state`` is then filled
-        from the newest committed step, as by :meth:`restore` (uncoordinated: each
-        rank's own newest checkpoint, then the logged messages are replayed); :attr:`last_recovery`
+        from the newest committed step, as by :meth:`restore`; :attr:`last_recovery`
         tells which ranks were replaced and how long the repair took. Get :attr:`comm`
-        again afterwards: it is a new communicator.
+        again afterwards: it is a new communicator. Uncoordinated, the survivors never
+        get here (they repair inside :attr:`comm`); a rank whose error reached the
+        application calls it and goes back to its own newest checkpoint alone.
 
         Returns
         -------
@@ -598,9 +603,7 @@ class Checkpointer:
         self.close(drain=exc_type is None)  # no collective drain while an error unwinds one rank
 
 
-def check_recovery_options(
-    recovery: str, backend: str | Backend
-) -> None:
+def check_recovery_options(recovery: str, backend: str | Backend) -> None:
     """ValueError unless ``recovery`` can work with the other options (see Checkpointer)."""
     if recovery not in ulfm.RECOVERY_MODES:
         raise ValueError(f"unknown recovery {recovery!r}; available: {', '.join(ulfm.RECOVERY_MODES)} (or None)")

@@ -16,8 +16,8 @@ instead of hanging. :func:`repair` then, on every survivor:
 A replacement process finds its parent with ``MPI.Comm.Get_parent()`` and calls
 :func:`join`, which matches steps 3 and 4. Survivors keep their process ids.
 
-After a recovery, Open MPI 5.0.11's ``MPI_Finalize`` now and then never returns (about
-one run in ten here, with or without replacements: its exit fence still counts the dead
+After a recovery, Open MPI 5.0.11's ``MPI_Finalize`` now and then never returns (one run
+in ten to two in five here, with or without replacements: its exit fence still counts the dead
 process; open-mpi/ompi#11404). Every process that took part in a recovery therefore
 arms an alarm when the interpreter exits, after its output is flushed: if
 ``MPI_Finalize`` has not returned ``FINALIZE_GRACE_S`` seconds later, SIGALRM ends
