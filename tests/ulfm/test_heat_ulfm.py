@@ -13,9 +13,10 @@ from .conftest import heat_command, run_job, run_killing
 
 
 def assert_recovered(job, reference: str, killed: list[int]) -> None:
-    assert job.returncode == 0, f"stdout:\n{job.stdout}\nstderr:\n{job.stderr[-3000:]}"
-    assert job.checksum == reference
-    assert [ranks for ranks, _ in job.recoveries] == [[rank] for rank in killed], job.stdout
+    output = f"exit status {job.returncode}; stdout:\n{job.stdout}\nstderr:\n{job.stderr[-3000:]}"
+    assert job.returncode == 0, output
+    assert job.checksum == reference, output
+    assert [ranks for ranks, _ in job.recoveries] == [[rank] for rank in killed], output
     started, finished = job.pids("started"), job.pids("finished")
     for rank, (before, after) in enumerate(zip(started, finished)):
         if rank in killed:

@@ -36,8 +36,9 @@ def test_every_logged_operation_survives_a_kill_in_job(seed, tmp_path, app_refer
     rank = seed % 4  # rank 0 is the any-source receiver
     job = run_killing(app_command(tmp_path / "run", "--ulfm", "--pace", "0.02"), [(rank, rng.uniform(0.1, 0.8))])
     match = APP_DONE.search(job.stdout)
-    assert job.returncode == 0 and match, f"stdout:\n{job.stdout}\nstderr:\n{job.stderr[-3000:]}"
-    assert match.group(2) == app_reference
-    assert match.group(3) == "yes"
+    output = f"exit status {job.returncode}; stdout:\n{job.stdout}\nstderr:\n{job.stderr[-3000:]}"
+    assert job.returncode == 0 and match, output
+    assert match.group(2) == app_reference, output
+    assert match.group(3) == "yes", output
     resumed = match.group(1).split(",")
-    assert [value for index, value in enumerate(resumed) if index != rank] == ["none"] * 3, job.stdout
+    assert [value for index, value in enumerate(resumed) if index != rank] == ["none"] * 3, output
