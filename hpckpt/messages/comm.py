@@ -68,7 +68,19 @@ class LoggedRequest:
     ) -> None:
         self._owner, self._request, self._finish, self._done = owner, request, finish, False
         self._repost = repost  # a receive posts itself again after a repair; a send is replayed instead
+        self._epoch = owner.epoch  # the communicator it was posted on: stale after a repair
         owner._open += 1
+
+    def _renew(self) -> bool:
+        """After a repair since it was posted: a send is done (the repair replayed it), a
+        receive is posted again on the new communicator. True when the request is done."""
+        if self._repost is None:
+            self._done = True
+            self._owner._open -= 1
+            return True
+        self._request = self._owner._post(self._repost)
+        self._epoch = self._owner.epoch
+        return False
 
     def _complete(self, status: MPI.Status) -> None:
         self._done = True
@@ -82,12 +94,13 @@ class LoggedRequest:
         from mpi4py import MPI
 
         local = MPI.Status()
-        while not self._owner._survived(lambda: self._request.Wait(local)):
-            if self._repost is None:  # a logged send: the repair replays it to whoever lacks it
-                self._done = True
-                self._owner._open -= 1
+        while True:
+            # Never wait on a request of a damaged communicator: it would fail again and
+            # start a second repair that the other survivors do not join.
+            if self._epoch != self._owner.epoch and self._renew():
                 return
-            self._request = self._owner._post(self._repost)
+            if self._owner._survived(lambda: self._request.Wait(local)):
+                break
         self._complete(local)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -100,13 +113,10 @@ class LoggedRequest:
 
         local = MPI.Status()
         done: list[bool] = []
+        if self._epoch != self._owner.epoch and self._renew():
+            return True
         if not self._owner._survived(lambda: done.append(self._request.Test(local))):
-            if self._repost is None:
-                self._done = True
-                self._owner._open -= 1
-                return True
-            self._request = self._owner._post(self._repost)
-            return False
+            return self._renew()
         if not done[0]:
             return False
         self._complete(local)
@@ -154,6 +164,7 @@ class LoggedComm:
         # Set by the Checkpointer with recovery="ulfm": called when an operation meets a
         # process failure; it repairs the job and calls reconnect() and recover(survivor=True).
         self.on_failure: Callable[[], None] | None = None
+        self.epoch = 0  # how many times it was reconnected (requests of older epochs are stale)
 
     # -- mpi4py look-alikes -------------------------------------------------
 
@@ -431,6 +442,7 @@ class LoggedComm:
         whatever a receiver lacks.
         """
         self._comm, self._ctl = comm.Dup(), comm.Dup()
+        self.epoch += 1
         self._pending = []
         self._notices_sent = np.zeros(self.size, dtype=np.int64)
         self._notices_received = np.zeros(self.size, dtype=np.int64)

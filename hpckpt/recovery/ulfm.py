@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 RECOVERY_MODES = ("ulfm",)
-SPAWN_ATTEMPTS = 5
 FINALIZE_GRACE_S = 3.0  # how long MPI_Finalize may take after a recovery (see the module docstring)
 REQUIRED_CALLS = ("Revoke", "Shrink", "Agree")
 
@@ -134,36 +133,19 @@ def repair(comm: MPI.Comm, command: list[str] | None = None, others: Sequence[MP
     lost = MPI.Group.Difference(comm.Get_group(), shrunk.Get_group())
     failed = tuple(sorted(MPI.Group.Translate_ranks(lost, list(range(lost.Get_size())), comm.Get_group())))
     lost.Free()
+    if not failed:  # a revoke with nobody dead: every survivor sees this alike (Shrink agrees)
+        shrunk.Set_errhandler(MPI.ERRORS_RETURN)
+        return Repair(shrunk, failed, time.perf_counter() - started)
     argv = command or [sys.executable, *sys.orig_argv[1:]]
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
-    inter = _spawn(shrunk, argv, len(failed), info)
+    inter = shrunk.Spawn(argv[0], args=argv[1:], maxprocs=len(failed), root=0, info=info)
     info.Free()
     inter.bcast(failed, root=MPI.ROOT if shrunk.rank == 0 else MPI.PROC_NULL)
     repaired = _merge_in_order(inter, high=False, key=comm.rank)
     shrunk.Free()
     guard_exit()
     return Repair(repaired, failed, time.perf_counter() - started)
-
-
-def _spawn(comm: MPI.Comm, argv: list[str], count: int, info: MPI.Info) -> MPI.Intercomm:
-    """``comm.Spawn`` the replacements; tried again a few times when the launcher refuses.
-
-    Open MPI's launcher now and then fails to map the new processes right after a failure
-    ("Your job failed to map", ``MPI_ERR_UNKNOWN``; once in six 4-rank runs here), as if
-    the dead process still held its slot. The error reaches every caller alike, so all
-    of them try again together.
-    """
-    from mpi4py import MPI
-
-    for attempt in range(1, SPAWN_ATTEMPTS):
-        try:
-            return comm.Spawn(argv[0], args=argv[1:], maxprocs=count, root=0, info=info)
-        except MPI.Exception as exc:
-            if comm.rank == 0:
-                print(f"hpckpt: spawning {count} replacement(s) failed ({exc}); trying again", file=sys.stderr, flush=True)
-            time.sleep(0.2 * attempt)
-    return comm.Spawn(argv[0], args=argv[1:], maxprocs=count, root=0, info=info)
 
 
 def join(parent: MPI.Intercomm) -> Repair:
