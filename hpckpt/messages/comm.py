@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 TAG_NOTICE = 1  # on the control communicator: "I committed; trim against these counts"
 TAG_RESULT = 2  # on the control communicator: a logged collective result, in index order
+T = TypeVar("T")
 
 
 def _payload(buf: Any, what: str) -> np.ndarray:
@@ -78,7 +79,7 @@ class LoggedRequest:
             self._done = True
             self._owner._open -= 1
             return True
-        self._request = self._owner._post(self._repost)
+        self._request = self._owner._retried(self._repost)
         self._epoch = self._owner.epoch
         return False
 
@@ -217,7 +218,7 @@ class LoggedComm:
         def post() -> MPI.Request:
             return self._comm.Irecv([target, self._mpi.BYTE], source, tag)
 
-        return LoggedRequest(self, self._post(post), lambda status: self._deliver(status, wildcard, expected), post)
+        return LoggedRequest(self, self._retried(post), lambda status: self._deliver(status, wildcard, expected), post)
 
     def Recv(self, buf: Any, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> None:  # noqa: N802
         """Blocking receive into a buffer."""
@@ -230,17 +231,14 @@ class LoggedComm:
         tag = MPI.ANY_TAG if tag is None else tag
         source, tag, wildcard, expected = self._match(source, tag)
         local = MPI.Status()
-        received: list[np.ndarray] = []
 
-        def receive() -> None:
+        def receive() -> np.ndarray:
             message = self._comm.mprobe(source, tag, local)
             payload = np.empty(local.Get_count(MPI.BYTE), dtype=np.uint8)
             message.Recv([payload, MPI.BYTE], local)
-            received.append(payload)
+            return payload
 
-        while not self._survived(receive):
-            pass
-        payload = received[0]
+        payload = self._retried(receive)
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -274,8 +272,7 @@ class LoggedComm:
         if payload is None or not self._survived(
             lambda: self._comm.Sendrecv([payload, MPI.BYTE], dest, sendtag, [target, MPI.BYTE], source, recvtag, local)
         ):  # after a repair the send is replayed by the recovery, the receive is posted again
-            while not self._survived(lambda: self._comm.Recv([target, MPI.BYTE], source, recvtag, local)):
-                pass
+            self._retried(lambda: self._comm.Recv([target, MPI.BYTE], source, recvtag, local))
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -427,12 +424,13 @@ class LoggedComm:
         self.on_failure()
         return False
 
-    def _post(self, post: Callable[[], MPI.Request]) -> MPI.Request:
-        """``post()`` a receive, again on the repaired communicator if a failure interrupts it."""
-        requests: list[MPI.Request] = []
-        while not self._survived(lambda: requests.append(post())):
+    def _retried(self, receive: Callable[[], T]) -> T:
+        """``receive()``'s result; done again on the repaired communicator after each
+        failure that interrupts it (a receive, unlike a logged send, is never replayed)."""
+        results: list[T] = []
+        while not self._survived(lambda: results.append(receive())):
             pass
-        return requests[0]
+        return results[0]
 
     def reconnect(self, comm: MPI.Comm) -> None:
         """Go on over ``comm`` (a repaired communicator of the same ranks). Collective.
