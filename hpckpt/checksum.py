@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import xxhash
@@ -22,3 +23,12 @@ def file_checksum(path: str | os.PathLike[str]) -> str:
 def block_checksum(array: np.ndarray) -> str:
     """Return the hex ``xxh3_64`` digest of a C-contiguous array's bytes."""
     return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8))
+
+
+def pieces_checksum(pieces: Iterable[np.ndarray]) -> str:
+    """Return the hex ``xxh3_64`` digest of the bytes of ``pieces`` (uint8 arrays) in order:
+    the same digest as :func:`block_checksum` of their concatenation."""
+    digest = xxhash.xxh3_64()
+    for piece in pieces:
+        digest.update(piece)
+    return digest.hexdigest()

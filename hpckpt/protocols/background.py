@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..buffers.device import STAGER, device_layout, is_device_array
+from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array
 from ..buffers.host import as_host_array
 from ..model.leaves import Distributed, Local, Pickled, Replicated
 from .coordinated import SaveReport
@@ -34,28 +34,30 @@ if TYPE_CHECKING:
 SaveJob = Callable[["MPI.Comm"], SaveReport]
 
 
-def snapshot(state: Any, buffers: dict[str, np.ndarray], prefix: str = "") -> Any:
+def snapshot(state: Any, buffers: dict[str, np.ndarray], copies: list[HostCopy], prefix: str = "") -> Any:
     """A copy of ``state`` whose arrays are copied into ``buffers`` (by leaf path).
 
     A buffer is reused when the array's shape and dtype are unchanged. Plain values and
-    containers are copied; anything else is kept as is, for the save to report.
+    containers are copied; anything else is kept as is, for the save to report. The
+    copies of device arrays are only enqueued: they are appended to ``copies`` to wait for.
     """
     if isinstance(state, dict):
-        return {key: snapshot(value, buffers, f"{prefix}/{key}") for key, value in state.items()}
+        return {key: snapshot(value, buffers, copies, f"{prefix}/{key}") for key, value in state.items()}
     if isinstance(state, list):
-        return [snapshot(value, buffers, f"{prefix}/{index}") for index, value in enumerate(state)]
+        return [snapshot(value, buffers, copies, f"{prefix}/{index}") for index, value in enumerate(state)]
     if isinstance(state, Distributed):
-        return Distributed(_stage(state.array, prefix, buffers), global_shape=state.global_shape, offset=state.offset)
+        array = _stage(state.array, prefix, buffers, copies)
+        return Distributed(array, global_shape=state.global_shape, offset=state.offset)
     if isinstance(state, Pickled):  # pickled now: later changes to the object are not saved
-        return Pickled.of_bytes(_stage(state.pickle(), prefix, buffers))
+        return Pickled.of_bytes(_stage(state.pickle(), prefix, buffers, copies))
     if isinstance(state, Local):
-        return Local(_stage(state.array, prefix, buffers), resizable=state.resizable)
+        return Local(_stage(state.array, prefix, buffers, copies), resizable=state.resizable)
     if isinstance(state, Replicated):
-        return Replicated(_stage(state.array, prefix, buffers))
+        return Replicated(_stage(state.array, prefix, buffers, copies))
     return state
 
 
-def _stage(array: Any, path: str, buffers: dict[str, np.ndarray]) -> np.ndarray:
+def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> np.ndarray:
     """Copy ``array`` into this path's buffer (device arrays straight into pinned memory)."""
     name = path.lstrip("/")
     if is_device_array(array):
@@ -64,7 +66,8 @@ def _stage(array: Any, path: str, buffers: dict[str, np.ndarray]) -> np.ndarray:
         if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
             buffer = STAGER.pinned_buffer(f"snapshot:{id(buffers)}:{path}", shape, dtype)
             buffers[path] = buffer
-        return STAGER.to_host(array, name, out=buffer)
+        copies.append(STAGER.start_to_host(array, name, out=buffer))
+        return buffer
     host = as_host_array(array, name)
     buffer = buffers.get(path)
     if buffer is None or buffer.shape != host.shape or buffer.dtype != host.dtype:
@@ -122,11 +125,17 @@ class BackgroundSaver:
         :meth:`enqueue`, or to :meth:`release` if the save is called off.
         """
         buffers = self._buffer_sets.get()
+        copies: list[HostCopy] = []
         try:
-            return snapshot(state, buffers), buffers
+            try:
+                staged = snapshot(state, buffers, copies)
+            finally:  # the device copies ran while host arrays were copied: wait for all
+                for copy in copies:
+                    copy.wait()
         except BaseException:
             self._buffer_sets.put(buffers)
             raise
+        return staged, buffers
 
     def release(self, buffers: dict[str, np.ndarray]) -> None:
         """Give back a buffer set whose save was called off."""

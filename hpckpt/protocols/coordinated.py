@@ -27,14 +27,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import abort_job, describe_failure, gather_phase, run_phase
+from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import as_host_array
-from ..checksum import ALGORITHM, block_checksum
+from ..checksum import ALGORITHM, block_checksum, pieces_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
 from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
 from ..model.layout import LeafPlan, RankPlan, merge_plans
 from ..model.manifest import LeafRecord, Manifest
-from ..model.tree import flatten
+from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory
 from ..testing import faults
@@ -62,20 +63,29 @@ def plan_local(
 
     Not collective. ``encode(path, array)`` (a backend's compression) gives the bytes
     stored for each host array; checksums are of what a restore gives back (the array
-    itself, or its lossy reconstruction).
+    itself, or its lossy reconstruction). The copies of all device leaves are enqueued
+    first, so they run while host leaves are checksummed.
     """
     leaves = []
     arrays: dict[str, np.ndarray] = {}
     values: dict[str, Any] = {}
-    for slot in flatten(state):
+    slots = flatten(state)
+    copies = start_device_copies(slots)
+    for slot in slots:
         leaf = slot.value
         if not isinstance(leaf, ARRAY_LEAF_TYPES):
             values[slot.path] = leaf
             continue
         if isinstance(leaf, Pickled):
             leaf.pickle()
-        host = as_host_array(leaf.array, slot.path)
+        copy = copies.get(slot.path)
+        if copy is None:
+            host, checksum = as_host_array(leaf.array, slot.path), None
+        else:  # checksummed chunk by chunk while the later chunks are still copied
+            host, checksum = copy.host, pieces_checksum(copy.pieces())
         encoded = encode(slot.path, host) if encode is not None else Encoded(host, None, host)
+        if checksum is None or encoded.restored is not host:
+            checksum = block_checksum(encoded.restored)
         arrays[slot.path] = encoded.stored
         is_distributed = leaf.kind == "distributed"
         leaves.append(
@@ -86,13 +96,24 @@ def plan_local(
                 shape=host.shape,
                 offset=leaf.offset if is_distributed else (),
                 global_shape=leaf.global_shape if is_distributed else None,
-                checksum=block_checksum(encoded.restored),
+                checksum=checksum,
                 encoding=getattr(leaf, "encoding", None),
                 stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
                 codec=encoded.codec,
             )
         )
     return RankPlan(tuple(leaves), values), arrays
+
+
+def start_device_copies(slots: Sequence[Slot]) -> dict[str, HostCopy]:
+    """Enqueue the device-to-host copy of every device array leaf in ``slots``, by path."""
+    return {
+        slot.path: STAGER.start_to_host(slot.value.array, slot.path)
+        for slot in slots
+        if isinstance(slot.value, ARRAY_LEAF_TYPES)
+        and not isinstance(slot.value, Pickled)
+        and is_device_array(slot.value.array)
+    }
 
 
 def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int) -> list[BlockData]:

@@ -144,8 +144,7 @@ def restore_newest(
             if piece.resized is not None:
                 piece.resized.array, piece.resized.shape = piece.destination, piece.destination.shape
         devices = {id(piece.device): piece for piece in pieces if piece.device is not None}
-        for piece in devices.values():
-            STAGER.to_device(piece.destination, piece.device, piece.request.record.path)
+        STAGER.to_devices((piece.destination, piece.device, piece.request.record.path) for piece in devices.values())
         for slot in slots:
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])

@@ -1,0 +1,153 @@
+"""Device leaves through a stand-in GPU (tests/fakegpu; there is no GPU here).
+
+The stand-in runs each copy later, on its stream's thread, and fills fresh pinned
+buffers with 0xAB bytes, so a checksum or a write that reads a chunk before its copy
+has landed gives wrong bytes and these tests fail. tests/gpu runs the same paths on a
+real GPU with real CuPy.
+"""
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+import hpckpt
+from hpckpt.buffers import device as device_module
+
+MPI = pytest.importorskip("mpi4py.MPI")
+FAKE_ROOT = str(Path(__file__).resolve().parents[1] / "fakegpu")
+CHUNK = 4096
+
+
+def _real_cupy_installed() -> bool:
+    try:
+        importlib.import_module("cupy")
+    except ImportError:
+        return False
+    return True
+
+
+if _real_cupy_installed():
+    pytest.skip("real CuPy is installed: tests/gpu covers device arrays", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def fake_modules():
+    sys.path.insert(0, FAKE_ROOT)
+    try:
+        modules = importlib.import_module("cupy"), importlib.import_module("cupyx")
+    finally:
+        sys.path.remove(FAKE_ROOT)
+        sys.modules.pop("cupy", None)
+        sys.modules.pop("cupyx", None)
+    return modules
+
+
+@pytest.fixture
+def cupy(fake_modules, monkeypatch):
+    """The stand-in CuPy, importable for this test only; small chunks so leaves take many."""
+    fake_cupy, fake_cupyx = fake_modules
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setitem(sys.modules, "cupyx", fake_cupyx)
+    monkeypatch.setattr(device_module, "CHUNK_BYTES", CHUNK)
+    fake_cupy.LOG.clear()
+    return fake_cupy
+
+
+class DLPackOnly:
+    """A device array that offers only DLPack (device type 2, CUDA), over fake device memory."""
+
+    def __init__(self, device_array) -> None:
+        self._memory = device_array._memory
+        self.shape, self.dtype = self._memory.shape, self._memory.dtype
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        raise AssertionError("the stand-in GPU shares memory through _memory")
+
+
+def make_state(cupy, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    grid = cupy.asarray(rng.standard_normal((64, 96)))
+    return {
+        "grid": hpckpt.Distributed(grid[:, 10:70], global_shape=(64, 60), offset=(0, 0)),  # not contiguous
+        "ids": hpckpt.Local(cupy.asarray(np.arange(3000, dtype=np.int64) * seed)),
+        "weights": hpckpt.Replicated(DLPackOnly(cupy.asarray(rng.standard_normal(5000).astype(np.float32)))),
+        "host": hpckpt.Replicated(rng.standard_normal(100)),
+        "step": seed,
+    }
+
+
+def device_values(cupy, state: dict) -> dict:
+    return {
+        "grid": cupy.asnumpy(cupy.asarray(state["grid"].array)),
+        "ids": cupy.asnumpy(state["ids"].array),
+        "weights": state["weights"].array._memory.copy(),
+    }
+
+
+def stored_checksums(run: Path, step: int) -> dict:
+    body = json.loads((run / f"step-{step:08d}" / "manifest.json").read_text())
+    return {leaf["path"]: leaf["blocks"][0]["checksum"] for leaf in body["leaves"]}
+
+
+@pytest.mark.parametrize("backend", ["posix", "hdf5", "adios2"])
+@pytest.mark.parametrize("blocking", [True, False])
+def test_device_leaves_round_trip_in_place_with_exact_checksums(cupy, tmp_path, backend, blocking):
+    saved = make_state(cupy, 1)
+    expected = device_values(cupy, saved)
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend=backend) as checkpointer:
+        handle = checkpointer.save(1, saved, blocking=blocking)
+        if handle is not None:
+            handle.wait()
+        target = make_state(cupy, 2)
+        pointers = {"grid": target["grid"].array.data.ptr, "ids": target["ids"].array.data.ptr,
+                    "weights": target["weights"].array._memory.ctypes.data}  # fmt: skip
+        assert checkpointer.restore(target) == 1
+    restored = device_values(cupy, target)
+    for name, values in expected.items():
+        assert restored[name].tobytes() == values.tobytes(), name
+    assert target["grid"].array.data.ptr == pointers["grid"] and target["ids"].array.data.ptr == pointers["ids"]
+    assert target["weights"].array._memory.ctypes.data == pointers["weights"]  # the same device memory
+    checksums = stored_checksums(tmp_path / "run", 1)
+    for name, values in expected.items():
+        assert checksums[name] == xxhash.xxh3_64_hexdigest(np.ascontiguousarray(values).tobytes()), name
+
+
+def test_all_copies_are_enqueued_before_the_first_wait_and_checksummed_chunk_by_chunk(cupy, tmp_path):
+    state = make_state(cupy, 3)
+    nbytes = [state["grid"].array.nbytes, state["ids"].array.nbytes, state["weights"].array._memory.nbytes]
+    chunks = sum(-(-size // CHUNK) for size in nbytes)
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        cupy.LOG.clear()
+        checkpointer.save(1, state)
+    copies = [index for index, (what, _) in enumerate(cupy.LOG) if what == "copy"]
+    waits = [number for what, number in cupy.LOG if what == "wait"]
+    first_wait = next(index for index, (what, _) in enumerate(cupy.LOG) if what == "wait")
+    assert len(copies) == chunks and sum(size for what, size in cupy.LOG if what == "copy") == sum(nbytes)
+    assert copies[-1] < first_wait  # every chunk of every device leaf was on its way first
+    assert len(waits) == chunks and waits == sorted(waits)  # then each chunk was waited for, in order
+
+
+def test_a_save_sees_the_work_queued_on_the_application_stream(cupy, tmp_path):
+    state = make_state(cupy, 4)
+    state["ids"].array.fill(7)  # an asynchronous kernel, still running when save is called
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, state)
+        target = make_state(cupy, 5)
+        checkpointer.restore(target)
+    assert (cupy.asnumpy(target["ids"].array) == 7).all()
+
+
+def test_a_device_leaf_without_a_gpu_names_the_leaf(cupy, tmp_path, monkeypatch):
+    monkeypatch.setattr(cupy, "DEVICE_COUNT", 0)
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        with pytest.raises(hpckpt.CollectiveError, match="leaf 'ids' is a device array but this process sees no GPU"):
+            checkpointer.save(1, {"ids": hpckpt.Local(cupy.asarray(np.arange(4)))})
+        assert checkpointer.steps() == []
