@@ -27,8 +27,11 @@ _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 def is_device_array(array: Any) -> bool:
     """True for arrays that live in GPU memory."""
-    if hasattr(array, "__cuda_array_interface__"):
-        return True
+    try:
+        if hasattr(array, "__cuda_array_interface__"):
+            return True
+    except RuntimeError:  # a CUDA torch tensor that requires grad: its DLPack device says CUDA
+        pass
     device = getattr(array, "__dlpack_device__", None)
     if callable(device):
         try:
@@ -58,6 +61,8 @@ def _cupy(path: str) -> Any:
 def _as_cupy(array: Any, path: str) -> Any:
     """``array`` as a CuPy array sharing its device memory (CUDA array interface or DLPack)."""
     cupy = _cupy(path)
+    if callable(getattr(array, "detach", None)):  # a torch tensor: its memory, without autograd
+        array = array.detach()
     if hasattr(array, "__cuda_array_interface__"):
         return cupy.asarray(array)
     return cupy.from_dlpack(array)

@@ -1,10 +1,9 @@
-"""CuPy device arrays on a real GPU: round trips in place, blocking and not, and D2H bandwidth.
+"""Device arrays on a real GPU with real CuPy: round trips in place, blocking and not.
 
-Skipped where CuPy or a GPU is missing. Run alone with ``.venv/bin/python -m pytest tests/gpu -s``
-to see the bandwidth line that docs/gpu.md records.
+Skipped where CuPy or a GPU is missing (tests/unit/test_device_staging.py runs the same
+paths on a stand-in GPU). On a GPU machine: ``bash tools/gpu-check.sh`` runs these and
+perf/bench_gpu.py (the device-to-host bandwidth against ``cupy.asnumpy``).
 """
-
-import time
 
 import numpy as np
 import pytest
@@ -18,47 +17,70 @@ except Exception:  # noqa: BLE001 - no driver
     GPUS = 0
 pytestmark = pytest.mark.skipif(GPUS < 1, reason="no GPU")
 MPI = pytest.importorskip("mpi4py.MPI")
+DEVICE_LEAVES = ("field", "ids", "w", "big")
 
 
 def make_state(seed: int) -> dict:
     rng = cupy.random.default_rng(seed)
+    wide = rng.standard_normal((64, 40))
     return {
-        "field": hpckpt.Distributed(rng.standard_normal((64, 33)), global_shape=(64, 33), offset=(0, 0)),
+        "field": hpckpt.Distributed(wide[:, 3:36], global_shape=(64, 33), offset=(0, 0)),  # not contiguous
         "ids": hpckpt.Local(cupy.arange(17, dtype=cupy.int64) * seed),
         "w": hpckpt.Replicated(rng.standard_normal(1000, dtype=cupy.float32)),
+        "big": hpckpt.Local(rng.standard_normal(3 * 2**20, dtype=cupy.float32)),  # 12 MiB: several chunks
+        "host": hpckpt.Local(np.arange(5.0) * seed),
         "step": seed,
     }
 
 
+@pytest.fixture
+def small_chunks(monkeypatch):
+    from hpckpt.buffers import device
+
+    monkeypatch.setattr(device, "CHUNK_BYTES", 1 << 20)
+
+
 @pytest.mark.parametrize("blocking", [True, False])
-def test_device_arrays_round_trip_in_place(tmp_path, blocking):
+def test_device_arrays_round_trip_in_place(tmp_path, small_chunks, blocking):
     saved = make_state(1)
-    with hpckpt.Checkpointer(tmp_path / "gpu", comm=MPI.COMM_SELF) as checkpointer:
+    with hpckpt.Checkpointer(tmp_path / "gpu", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
         handle = checkpointer.save(1, saved, blocking=blocking)
-        for name in ("field", "ids", "w"):
+        for name in DEVICE_LEAVES:
             saved[name].array += 0  # the device arrays stay usable
         if handle is not None:
             handle.wait()
         target = make_state(2)
-        pointers = {name: target[name].array.data.ptr for name in ("field", "ids", "w")}
+        pointers = {name: target[name].array.data.ptr for name in DEVICE_LEAVES}
         assert checkpointer.restore(target) == 1
     for name, pointer in pointers.items():
         assert target[name].array.data.ptr == pointer  # restored into the same device memory
         assert cupy.array_equal(target[name].array, saved[name].array), name
+    assert target["host"].array.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
-def test_device_to_host_bandwidth_against_asnumpy(tmp_path):
-    from hpckpt.buffers.device import STAGER
+def test_a_save_waits_for_the_kernels_queued_before_it(tmp_path):
+    state = {"x": hpckpt.Local(cupy.zeros(2**24, dtype=cupy.float32))}
+    with hpckpt.Checkpointer(tmp_path / "gpu", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        with cupy.cuda.Stream(non_blocking=True):
+            state["x"].array += 3  # queued on the application's stream
+            checkpointer.save(1, state)
+        target = {"x": hpckpt.Local(cupy.empty(2**24, dtype=cupy.float32))}
+        checkpointer.restore(target)
+    assert bool((target["x"].array == 3).all())
 
-    array = cupy.random.default_rng(0).standard_normal(256 * 2**20 // 8)
-    STAGER.to_host(array, "bench")  # allocate the pinned buffer
-    cupy.cuda.Device().synchronize()
-    start = time.perf_counter()
-    STAGER.to_host(array, "bench")
-    staged = time.perf_counter() - start
-    start = time.perf_counter()
-    cupy.asnumpy(array)
-    plain = time.perf_counter() - start
-    print(f"\ngpu: 256 MiB device-to-host: hpckpt pinned {array.nbytes / staged / 1e9:.2f} GB/s, "
-          f"cupy.asnumpy {array.nbytes / plain / 1e9:.2f} GB/s")  # fmt: skip
-    assert np.isfinite(staged) and staged > 0
+
+def test_cuda_torch_tensors_round_trip_in_place(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    weights = torch.nn.Parameter(torch.arange(1000, dtype=torch.float32, device="cuda") * 0.5)  # requires grad
+    saved = {"w": hpckpt.Replicated(weights), "m": hpckpt.Local(torch.ones(3, 5, device="cuda"))}
+    with hpckpt.Checkpointer(tmp_path / "gpu", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, saved)
+        target = {"w": hpckpt.Replicated(torch.nn.Parameter(torch.zeros(1000, device="cuda"))),
+                  "m": hpckpt.Local(torch.zeros(3, 5, device="cuda"))}  # fmt: skip
+        pointers = {name: leaf.array.data_ptr() for name, leaf in target.items()}
+        checkpointer.restore(target)
+    for name, leaf in target.items():
+        assert leaf.array.data_ptr() == pointers[name]
+        assert torch.equal(leaf.array, saved[name].array), name

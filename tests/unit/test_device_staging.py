@@ -72,6 +72,24 @@ class DLPackOnly:
         raise AssertionError("the stand-in GPU shares memory through _memory")
 
 
+class GradTensor:
+    """Like a CUDA torch tensor that requires grad: no CUDA array interface until detached."""
+
+    def __init__(self, device_array) -> None:
+        self._array = device_array
+        self.shape, self.dtype = device_array.shape, device_array.dtype
+
+    @property
+    def __cuda_array_interface__(self):
+        raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def detach(self):
+        return self._array
+
+
 def make_state(cupy, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     grid = cupy.asarray(rng.standard_normal((64, 96)))
@@ -79,6 +97,7 @@ def make_state(cupy, seed: int) -> dict:
         "grid": hpckpt.Distributed(grid[:, 10:70], global_shape=(64, 60), offset=(0, 0)),  # not contiguous
         "ids": hpckpt.Local(cupy.asarray(np.arange(3000, dtype=np.int64) * seed)),
         "weights": hpckpt.Replicated(DLPackOnly(cupy.asarray(rng.standard_normal(5000).astype(np.float32)))),
+        "bias": hpckpt.Replicated(GradTensor(cupy.asarray(rng.standard_normal(700)))),
         "host": hpckpt.Replicated(rng.standard_normal(100)),
         "step": seed,
     }
@@ -89,6 +108,7 @@ def device_values(cupy, state: dict) -> dict:
         "grid": cupy.asnumpy(cupy.asarray(state["grid"].array)),
         "ids": cupy.asnumpy(state["ids"].array),
         "weights": state["weights"].array._memory.copy(),
+        "bias": cupy.asnumpy(state["bias"].array.detach()),
     }
 
 
@@ -108,13 +128,15 @@ def test_device_leaves_round_trip_in_place_with_exact_checksums(cupy, tmp_path, 
             handle.wait()
         target = make_state(cupy, 2)
         pointers = {"grid": target["grid"].array.data.ptr, "ids": target["ids"].array.data.ptr,
-                    "weights": target["weights"].array._memory.ctypes.data}  # fmt: skip
+                    "weights": target["weights"].array._memory.ctypes.data,
+                    "bias": target["bias"].array.detach().data.ptr}  # fmt: skip
         assert checkpointer.restore(target) == 1
     restored = device_values(cupy, target)
     for name, values in expected.items():
         assert restored[name].tobytes() == values.tobytes(), name
     assert target["grid"].array.data.ptr == pointers["grid"] and target["ids"].array.data.ptr == pointers["ids"]
     assert target["weights"].array._memory.ctypes.data == pointers["weights"]  # the same device memory
+    assert target["bias"].array.detach().data.ptr == pointers["bias"]
     checksums = stored_checksums(tmp_path / "run", 1)
     for name, values in expected.items():
         assert checksums[name] == xxhash.xxh3_64_hexdigest(np.ascontiguousarray(values).tobytes()), name
@@ -122,7 +144,8 @@ def test_device_leaves_round_trip_in_place_with_exact_checksums(cupy, tmp_path, 
 
 def test_all_copies_are_enqueued_before_the_first_wait_and_checksummed_chunk_by_chunk(cupy, tmp_path):
     state = make_state(cupy, 3)
-    nbytes = [state["grid"].array.nbytes, state["ids"].array.nbytes, state["weights"].array._memory.nbytes]
+    leaves = [state["grid"].array, state["ids"].array, state["bias"].array.detach(), state["weights"].array._memory]
+    nbytes = [leaf.nbytes for leaf in leaves]
     chunks = sum(-(-size // CHUNK) for size in nbytes)
     with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
         cupy.LOG.clear()

@@ -23,8 +23,9 @@ import numpy as np
 COPY_DELAY = 0.0005  # seconds per enqueued copy
 KERNEL_DELAY = 0.05  # seconds before ``fill`` writes
 DEVICE_COUNT = 1
+__version__ = "stand-in"
 LOG: list[tuple[str, int]] = []  # ("copy", bytes) / ("set", bytes) at enqueue, ("wait", event number)
-uint8 = np.uint8
+uint8, int64, float32 = np.uint8, np.int64, np.float32
 
 
 class Event:
@@ -95,6 +96,9 @@ class Device:
     def __init__(self, device_id: int = 0) -> None:
         self.id = device_id
 
+    def synchronize(self) -> None:
+        get_current_stream().synchronize()
+
     def __enter__(self) -> Device:
         return self
 
@@ -145,6 +149,19 @@ class ndarray:  # noqa: N801 - CuPy's name
         LOG.append(("set", self.nbytes))
         self._run(stream, lambda: np.copyto(self._memory, host), blocking=stream is None)
 
+    def __mul__(self, other: Any) -> ndarray:
+        return ndarray(self._memory * other)
+
+    def __iadd__(self, other: Any) -> ndarray:
+        self._memory += other
+        return self
+
+    def __eq__(self, other: Any) -> ndarray:  # type: ignore[override]
+        return ndarray(self._memory == other)
+
+    def all(self) -> bool:
+        return bool(self._memory.all())
+
     def fill(self, value: Any) -> None:
         """An asynchronous kernel on the current stream, as in CuPy."""
         get_current_stream()._enqueue(lambda: (time.sleep(KERNEL_DELAY), self._memory.fill(value)))
@@ -179,6 +196,37 @@ def ascontiguousarray(array: ndarray) -> ndarray:
     return array if array.flags.c_contiguous else ndarray(np.ascontiguousarray(array._memory))
 
 
+def arange(*args: Any, **kwargs: Any) -> ndarray:
+    return ndarray(np.arange(*args, **kwargs))
+
+
+def zeros(shape: Any, dtype: Any = float) -> ndarray:
+    return ndarray(np.zeros(shape, dtype))
+
+
+def empty(shape: Any, dtype: Any = float) -> ndarray:
+    return ndarray(np.empty(shape, dtype))
+
+
+def empty_like(array: ndarray) -> ndarray:
+    return ndarray(np.empty_like(array._memory))
+
+
+def array_equal(first: ndarray, second: ndarray) -> bool:
+    return bool(np.array_equal(first._memory, second._memory))
+
+
+class _Generator:
+    def __init__(self, seed: int) -> None:
+        self._numpy = np.random.default_rng(seed)
+
+    def standard_normal(self, size: Any, dtype: Any = np.float64) -> ndarray:
+        return ndarray(self._numpy.standard_normal(size, dtype=dtype))
+
+
+random = types.SimpleNamespace(default_rng=_Generator)
+
+
 def asnumpy(array: ndarray) -> np.ndarray:
     get_current_stream().synchronize()
     return array._memory.copy()
@@ -189,5 +237,9 @@ cuda = types.SimpleNamespace(
     Event=Event,
     Stream=Stream,
     get_current_stream=get_current_stream,
-    runtime=types.SimpleNamespace(getDeviceCount=lambda: DEVICE_COUNT),
+    runtime=types.SimpleNamespace(
+        getDeviceCount=lambda: DEVICE_COUNT,
+        getDeviceProperties=lambda index: {"name": b"stand-in GPU"},
+        runtimeGetVersion=lambda: 0,
+    ),
 )
