@@ -6,9 +6,7 @@ has landed gives wrong bytes and these tests fail. tests/gpu runs the same paths
 real GPU with real CuPy.
 """
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,46 +14,11 @@ import pytest
 import xxhash
 
 import hpckpt
-from hpckpt.buffers import device as device_module
+from tests import stand_in_gpu
 
 MPI = pytest.importorskip("mpi4py.MPI")
-FAKE_ROOT = str(Path(__file__).resolve().parents[1] / "fakegpu")
-CHUNK = 4096
-
-
-def _real_cupy_installed() -> bool:
-    try:
-        importlib.import_module("cupy")
-    except ImportError:
-        return False
-    return True
-
-
-if _real_cupy_installed():
-    pytest.skip("real CuPy is installed: tests/gpu covers device arrays", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def fake_modules():
-    sys.path.insert(0, FAKE_ROOT)
-    try:
-        modules = importlib.import_module("cupy"), importlib.import_module("cupyx")
-    finally:
-        sys.path.remove(FAKE_ROOT)
-        sys.modules.pop("cupy", None)
-        sys.modules.pop("cupyx", None)
-    return modules
-
-
-@pytest.fixture
-def cupy(fake_modules, monkeypatch):
-    """The stand-in CuPy, importable for this test only; small chunks so leaves take many."""
-    fake_cupy, fake_cupyx = fake_modules
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setitem(sys.modules, "cupyx", fake_cupyx)
-    monkeypatch.setattr(device_module, "CHUNK_BYTES", CHUNK)
-    fake_cupy.LOG.clear()
-    return fake_cupy
+cupy, fake_modules = stand_in_gpu.cupy, stand_in_gpu.fake_modules  # the stand-in GPU's fixtures
+CHUNK = stand_in_gpu.CHUNK
 
 
 class DLPackOnly:
