@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .buffers.bfloat16 import BFLOAT16, as_bfloat16
 from .checksum import ALGORITHM, block_checksum
 from .errors import CorruptCheckpointError
 from .model.boxes import local_slices
@@ -167,10 +168,13 @@ class CheckpointReader:
         if record.kind != "local":
             raise ValueError(f"leaf {path!r} is {record.kind}, not local")
         blocks = sorted(record.blocks, key=lambda b: b.rank)
-        return [self.read_block(record, block, manifest.step, backend=manifest.backend) for block in blocks]
+        return [_numbers(record, self.read_block(record, block, manifest.step, backend=manifest.backend)) for block in blocks]
 
     def read_array(self, path: str, step: int | None = None) -> np.ndarray:
-        """The whole array of a Distributed or Replicated leaf ``path``."""
+        """The whole array of a Distributed or Replicated leaf ``path``.
+
+        A bfloat16 leaf comes back as ``ml_dtypes.bfloat16`` numbers where ml_dtypes is
+        installed, else as its uint16 bits (as from :meth:`local_blocks`)."""
         manifest = self.manifest(step)
         record = self.record(path, manifest.step)
         if record.kind == "local":
@@ -180,7 +184,7 @@ class CheckpointReader:
         for block in record.blocks:
             data = self.read_block(record, block, manifest.step, backend=manifest.backend)
             whole[local_slices((block.offset, block.shape), everything)] = data
-        return whole
+        return _numbers(record, whole)
 
     def blocks(self, step: int) -> Iterator[tuple[LeafRecord, Block]]:
         """Every stored block of ``step``, in manifest order."""
@@ -209,3 +213,8 @@ class CheckpointReader:
             if progress is not None:
                 progress(block.size * record.itemsize)
         return findings
+
+
+def _numbers(record: LeafRecord, array: np.ndarray) -> np.ndarray:
+    """``array`` of ``record`` as the numbers it holds (bfloat16 bits as bfloat16)."""
+    return as_bfloat16(array) if record.encoding == BFLOAT16 else array

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidStateError
+from .bfloat16 import is_bfloat16, is_tensor, tensor_bits
 
 CHUNK_BYTES = 64 << 20  # bytes per device-to-host copy
 _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
@@ -30,7 +31,7 @@ def is_device_array(array: Any) -> bool:
     try:
         if hasattr(array, "__cuda_array_interface__"):
             return True
-    except RuntimeError:  # a CUDA torch tensor that requires grad: its DLPack device says CUDA
+    except Exception:  # noqa: BLE001 - CUDA torch tensors that require grad or are bfloat16 raise: DLPack says
         pass
     device = getattr(array, "__dlpack_device__", None)
     if callable(device):
@@ -61,6 +62,8 @@ def _cupy(path: str) -> Any:
 def _as_cupy(array: Any, path: str) -> Any:
     """``array`` as a CuPy array sharing its device memory (CUDA array interface or DLPack)."""
     cupy = _cupy(path)
+    if is_bfloat16(array) and is_tensor(array):  # CuPy has no bfloat16: its bits, as uint16
+        return cupy.asarray(tensor_bits(array)).view(cupy.uint16)
     if callable(getattr(array, "detach", None)):  # a torch tensor: its memory, without autograd
         array = array.detach()
     if hasattr(array, "__cuda_array_interface__"):

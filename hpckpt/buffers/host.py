@@ -3,6 +3,7 @@
 NumPy arrays, CPU torch tensors (viewed through ``detach().numpy()``, no copy), and
 anything exposing ``__array__``, DLPack or the buffer protocol on the host are handled
 here; device arrays are copied to pinned host buffers by :mod:`hpckpt.buffers.device`.
+bfloat16 arrays are viewed as their uint16 bits (:mod:`hpckpt.buffers.bfloat16`).
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidStateError
+from .bfloat16 import is_bfloat16, numpy_bits
 from .device import STAGER, device_layout, is_device_array
 
 STORABLE_KINDS = "biufc"
 
 
 def _numpy_view(array: Any) -> np.ndarray:
-    """A NumPy array sharing ``array``'s memory where possible."""
+    """A NumPy array sharing ``array``'s memory where possible (bfloat16: its uint16 bits)."""
+    if is_bfloat16(array):
+        return numpy_bits(array)
     if isinstance(array, np.ndarray):
         return array
     if hasattr(array, "detach") and hasattr(array, "numpy"):  # a torch tensor
-        device = getattr(array, "device", None)
-        if device is not None and getattr(device, "type", "cpu") != "cpu":
-            raise TypeError(f"the tensor is on {device}; device tensors are not supported yet (copy it to the CPU)")
         return array.detach().numpy()
     return np.asarray(array)
 
@@ -66,11 +67,10 @@ def writable_target(array: Any, path: str) -> np.ndarray:
     InvalidStateError
         When ``array`` is read-only or not a host array.
     """
-    if not isinstance(array, np.ndarray):
-        try:
-            array = _numpy_view(array)
-        except Exception as exc:  # noqa: BLE001
-            raise InvalidStateError(f"leaf {path!r}: cannot restore into {type(array).__name__}: {exc}") from exc
-    if not array.flags.writeable:
+    try:
+        view = _numpy_view(array)
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidStateError(f"leaf {path!r}: cannot restore into {type(array).__name__}: {exc}") from exc
+    if not view.flags.writeable:
         raise InvalidStateError(f"leaf {path!r}: the array to restore into is read-only")
-    return array
+    return view

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import InvalidStateError
 from .boxes import check_tiling
-from .manifest import Block, LeafRecord
+from .manifest import Block, LeafRecord, describe_encoding
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,8 @@ def _raise_disagreement(per_rank: list[LeafPlan]) -> None:
     for rank, leaf in enumerate(per_rank):
         if leaf.encoding != first.encoding:
             raise InvalidStateError(
-                f"{first.kind} leaf {first.path!r} is {_encoding_name(first.encoding)} on rank 0 "
-                f"but {_encoding_name(leaf.encoding)} on rank {rank}"
+                f"{first.kind} leaf {first.path!r} is {describe_encoding(first.encoding)} on rank 0 "
+                f"but {describe_encoding(leaf.encoding)} on rank {rank}"
             )
         if leaf.dtype != first.dtype:
             raise InvalidStateError(
@@ -130,10 +130,6 @@ def _raise_disagreement(per_rank: list[LeafPlan]) -> None:
                 f"replicated leaf {first.path!r} differs between rank 0 (shape {first.shape}) and rank {rank} "
                 f"(shape {leaf.shape}); replicated arrays must be identical on every rank"
             )
-
-
-def _encoding_name(encoding: str | None) -> str:
-    return "an hpckpt.Pickled object" if encoding == "pickle" else "an array"
 
 
 def _stored(leaf: LeafPlan) -> dict[str, Any]:

@@ -56,7 +56,7 @@ class LeafRecord:
     global_shape: tuple[int, ...] | None
     blocks: tuple[Block, ...]
     location: dict[str, Any] = field(default_factory=dict)
-    encoding: str | None = None  # "pickle": the bytes of an hpckpt.Pickled object
+    encoding: str | None = None  # how to read the bytes: "pickle" (hpckpt.Pickled), "bfloat16" (uint16 bits)
 
     @property
     def itemsize(self) -> int:
@@ -223,6 +223,23 @@ def _optional_step(value: Any, what: str, step: int) -> int | None:
     return value
 
 
+ENCODINGS = {"pickle": "an hpckpt.Pickled object", "bfloat16": "a bfloat16 array"}
+"""How a leaf's stored bytes are to be read, by the ``encoding`` a record names, with
+what it is called in errors: the bytes of a pickle (Local uint8), or the bits of
+bfloat16 numbers (uint16)."""
+
+
+def describe_encoding(encoding: str | None) -> str:
+    """What a leaf with ``encoding`` holds, for error messages."""
+    return ENCODINGS.get(encoding, "an array") if encoding is not None else "an array"
+
+
+def _encoding_fits(encoding: str, kind: str, dtype: np.dtype) -> bool:
+    if encoding == "pickle":
+        return kind == "local" and dtype == np.uint8
+    return dtype == np.uint16
+
+
 def _leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
     if leaf["kind"] not in LEAF_KINDS:
         raise ValueError(f"leaf {leaf.get('path')!r} has unknown kind {leaf['kind']!r}")
@@ -231,8 +248,11 @@ def _leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
         raise ValueError(f"leaf {leaf.get('path')!r} has dtype {dtype}, which hpckpt never writes")
     global_shape = leaf["global_shape"]
     encoding = leaf.get("encoding")
-    if encoding not in (None, "pickle") or (encoding and (leaf["kind"] != "local" or dtype != np.uint8)):
-        raise ValueError(f"leaf {leaf.get('path')!r} has encoding {encoding!r}; hpckpt writes only 'pickle' (local uint8)")
+    if encoding is not None and (encoding not in ENCODINGS or not _encoding_fits(encoding, leaf["kind"], dtype)):
+        raise ValueError(
+            f"leaf {leaf.get('path')!r} has encoding {encoding!r} on a {leaf['kind']} {dtype} leaf; hpckpt writes "
+            "only 'pickle' (local uint8) and 'bfloat16' (uint16)"
+        )
     for block in leaf["blocks"]:
         if any(int(n) < 0 for n in list(block["shape"]) + list(block["offset"])):
             raise ValueError(f"leaf {leaf.get('path')!r} has a block with a negative shape or offset")

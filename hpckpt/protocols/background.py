@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array
 from ..buffers.host import as_host_array
 from ..model.leaves import Distributed, Local, Pickled, Replicated
@@ -57,8 +58,14 @@ def snapshot(state: Any, buffers: dict[str, np.ndarray], copies: list[HostCopy],
     return state
 
 
-def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> np.ndarray:
-    """Copy ``array`` into this path's buffer (device arrays straight into pinned memory)."""
+def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
+    """Copy ``array`` into this path's buffer (device arrays straight into pinned memory);
+    a bfloat16 array's copy is a bfloat16 array over the buffer, so the save records it."""
+    buffer = _copy_into_buffer(array, path, buffers, copies)
+    return like(buffer, array) if is_bfloat16(array) else buffer
+
+
+def _copy_into_buffer(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> np.ndarray:
     name = path.lstrip("/")
     if is_device_array(array):
         shape, dtype = device_layout(array, name)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import abort_job, describe_failure, gather_phase, run_phase
+from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import as_host_array
 from ..checksum import ALGORITHM, block_checksum, pieces_checksum
@@ -97,7 +98,7 @@ def plan_local(
                 offset=leaf.offset if is_distributed else (),
                 global_shape=leaf.global_shape if is_distributed else None,
                 checksum=checksum,
-                encoding=getattr(leaf, "encoding", None),
+                encoding=leaf_encoding(leaf),
                 stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
                 codec=encoded.codec,
             )

@@ -30,13 +30,14 @@ import numpy as np
 
 from .._comm import gather_phase, run_phase
 from ..buffers.device import STAGER, is_device_array
+from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.host import host_dtype, writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.boxes import Box, intersection, local_slices
 from ..model.delta import home_step
-from ..model.manifest import Block, LeafRecord, Manifest
+from ..model.manifest import Block, LeafRecord, Manifest, describe_encoding
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
@@ -142,7 +143,9 @@ def restore_newest(
                 into, source = piece.slices
                 piece.destination[into] = piece.request.array[source]
             if piece.resized is not None:
-                piece.resized.array, piece.resized.shape = piece.destination, piece.destination.shape
+                original, fresh = piece.resized.array, piece.destination
+                piece.resized.array = like(fresh, original) if is_bfloat16(original) else fresh
+                piece.resized.shape = fresh.shape
         devices = {id(piece.device): piece for piece in pieces if piece.device is not None}
         STAGER.to_devices((piece.destination, piece.device, piece.request.record.path) for piece in devices.values())
         for slot in slots:
@@ -208,9 +211,12 @@ def _differences(
         if record.kind != leaf.kind:
             found.append(f"leaf {slot.path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint")
             continue
-        if record.encoding != getattr(leaf, "encoding", None):
-            stored_as = "an hpckpt.Pickled object" if record.encoding == "pickle" else "an array"
-            found.append(f"leaf {slot.path!r} is {stored_as} in the checkpoint; restore it into the same kind of leaf")
+        encoding = leaf_encoding(leaf)
+        if record.encoding != encoding:
+            found.append(
+                f"leaf {slot.path!r} is {describe_encoding(record.encoding)} in the checkpoint but "
+                f"{describe_encoding(encoding)} in the state; restore it into the same kind of leaf"
+            )
             continue
         dtype = host_dtype(leaf.array, slot.path)
         if dtype != np.dtype(record.dtype):

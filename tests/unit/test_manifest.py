@@ -131,16 +131,17 @@ def test_object_and_record_dtypes_are_refused():
 
 
 @pytest.mark.parametrize(
-    ("leaf", "encoding"), [(0, "pickle"), (1, "pickle"), (1, "marshal"), (1, 3)]
+    ("leaf", "encoding"), [(0, "pickle"), (1, "pickle"), (1, "marshal"), (1, 3), (0, "bfloat16"), (1, "bfloat16")]
 )
-def test_only_local_bytes_can_be_marked_pickled(leaf, encoding):
+def test_only_local_bytes_can_be_marked_pickled_and_only_uint16_bfloat16(leaf, encoding):
     body = json.loads(make_manifest().to_json())
     body["leaves"][leaf]["encoding"] = encoding  # leaf 0 is distributed float64, leaf 1 local uint32
-    with pytest.raises(CorruptCheckpointError, match="hpckpt writes only 'pickle' \\(local uint8\\)"):
+    with pytest.raises(CorruptCheckpointError, match="hpckpt writes only 'pickle' \\(local uint8\\) and 'bfloat16'"):
         Manifest.from_json(json.dumps(body), "evil.json")
     body["leaves"][1]["dtype"], body["leaves"][1]["encoding"] = "|u1", "pickle"
-    if encoding == "pickle" and leaf == 1:
-        assert Manifest.from_json(json.dumps(body), "ok.json").leaves[1].encoding == "pickle"
+    body["leaves"][0]["dtype"], body["leaves"][0]["encoding"] = "<u2", "bfloat16"
+    leaves = Manifest.from_json(json.dumps(body), "ok.json").leaves
+    assert (leaves[0].encoding, leaves[1].encoding) == ("bfloat16", "pickle")
 
 
 @pytest.mark.parametrize(
