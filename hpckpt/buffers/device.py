@@ -62,9 +62,9 @@ def _cupy(path: str) -> Any:
 def _as_cupy(array: Any, path: str) -> Any:
     """``array`` as a CuPy array sharing its device memory (CUDA array interface or DLPack)."""
     cupy = _cupy(path)
-    if is_bfloat16(array) and is_tensor(array):  # CuPy has no bfloat16: its bits, as uint16
-        return cupy.asarray(tensor_bits(array)).view(cupy.uint16)
-    if callable(getattr(array, "detach", None)):  # a torch tensor: its memory, without autograd
+    if is_tensor(array):  # its memory, without autograd; CuPy has no bfloat16: its bits, as uint16
+        if is_bfloat16(array):
+            return cupy.asarray(tensor_bits(array)).view(cupy.uint16)
         array = array.detach()
     if hasattr(array, "__cuda_array_interface__"):
         return cupy.asarray(array)
@@ -158,6 +158,17 @@ class DeviceStager:
     def to_host(self, array: Any, path: str, out: np.ndarray | None = None) -> np.ndarray:
         """Copy device ``array`` into ``out`` (default: this path's pinned buffer); wait."""
         return self.start_to_host(array, path, out).wait()
+
+    def new_device_array(self, host: Any, like: Any, path: str) -> Any:
+        """A new device array holding ``host`` (a NumPy array, or a CPU torch tensor for a
+        torch ``like``), of ``like``'s library and on its GPU."""
+        if is_tensor(like):
+            import torch
+
+            return torch.as_tensor(host).to(like.device)
+        cupy = _cupy(path)
+        with cupy.cuda.Device(int(_as_cupy(like, path).device.id)):
+            return cupy.asarray(host)
 
     def to_devices(self, copies: Iterable[tuple[np.ndarray, Any, str]]) -> None:
         """Copy each verified ``(host, device array, path)`` back into the device array in

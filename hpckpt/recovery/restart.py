@@ -143,9 +143,8 @@ def restore_newest(
                 into, source = piece.slices
                 piece.destination[into] = piece.request.array[source]
             if piece.resized is not None:
-                original, fresh = piece.resized.array, piece.destination
-                piece.resized.array = like(fresh, original) if is_bfloat16(original) else fresh
-                piece.resized.shape = fresh.shape
+                piece.resized.array = _same_kind(piece.destination, piece.resized.array, piece.request.record.path)
+                piece.resized.shape = piece.destination.shape
         devices = {id(piece.device): piece for piece in pieces if piece.device is not None}
         STAGER.to_devices((piece.destination, piece.device, piece.request.record.path) for piece in devices.values())
         for slot in slots:
@@ -156,6 +155,13 @@ def restore_newest(
         f"no committed step in {run_dir.root} could be restored (arrays in the state may hold partial data): "
         + "; ".join(problems)
     )
+
+
+def _same_kind(fresh: np.ndarray, original: Any, path: str) -> Any:
+    """The restored ``fresh`` host array of a resized leaf, as the kind of array it replaces
+    (bfloat16 stays bfloat16, a device array becomes a new device array)."""
+    restored = like(fresh, original) if is_bfloat16(original) else fresh
+    return STAGER.new_device_array(restored, original, path) if is_device_array(original) else restored
 
 
 def _read_text(run_dir: RunDirectory, step: int, rank: int) -> str | CorruptCheckpointError | None:

@@ -86,3 +86,15 @@ def test_cuda_torch_tensors_round_trip_in_place_bfloat16_too(tmp_path):
     for name, leaf in target.items():
         assert leaf.array.data_ptr() == pointers[name]
         assert torch.equal(leaf.array, saved[name].array), name
+
+
+def test_a_resized_cuda_tensor_comes_back_on_its_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    saved = torch.arange(12, device="cuda").reshape(4, 3)
+    with hpckpt.Checkpointer(tmp_path / "gpu", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, {"p": hpckpt.Local(saved)})
+        target = {"p": hpckpt.Local(torch.zeros(2, 3, dtype=saved.dtype, device="cuda"), resizable=True)}
+        checkpointer.restore(target)
+    assert target["p"].array.device == saved.device and torch.equal(target["p"].array, saved)

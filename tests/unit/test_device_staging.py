@@ -52,6 +52,9 @@ class GradTensor:
     def detach(self):
         return self._array
 
+    def data_ptr(self):
+        return self._array.data.ptr
+
 
 def make_state(cupy, seed: int) -> dict:
     rng = np.random.default_rng(seed)
@@ -137,3 +140,13 @@ def test_a_device_leaf_without_a_gpu_names_the_leaf(cupy, tmp_path, monkeypatch)
         with pytest.raises(hpckpt.CollectiveError, match="leaf 'ids' is a device array but this process sees no GPU"):
             checkpointer.save(1, {"ids": hpckpt.Local(cupy.asarray(np.arange(4)))})
         assert checkpointer.steps() == []
+
+
+def test_a_resized_device_leaf_comes_back_as_a_new_device_array(cupy, tmp_path):
+    particles = np.arange(30.0).reshape(10, 3)
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, {"p": hpckpt.Local(cupy.asarray(particles))})
+        target = {"p": hpckpt.Local(cupy.asarray(np.zeros((4, 3))), resizable=True)}
+        checkpointer.restore(target)
+    assert isinstance(target["p"].array, cupy.ndarray) and target["p"].shape == (10, 3)
+    assert cupy.asnumpy(target["p"].array).tobytes() == particles.tobytes()
