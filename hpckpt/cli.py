@@ -207,6 +207,8 @@ def _inspect(args: argparse.Namespace) -> int:
         shape = tuple(leaf["shape"]) if leaf["shape"] is not None else "per rank"
         if leaf["encoding"] == "pickle":
             print(f"  {leaf['path']}: {leaf['kind']} pickled object (bytes shown, never unpickled here)")
+        elif leaf["encoding"] == "bfloat16":
+            print(f"  {leaf['path']}: {leaf['kind']} bfloat16 (stored as {leaf['dtype']} bits) {shape}")
         else:
             print(f"  {leaf['path']}: {leaf['kind']} {leaf['dtype']} {shape}")
         for block in leaf["blocks"]:

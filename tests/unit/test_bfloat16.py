@@ -1,6 +1,9 @@
 """NumPy bfloat16 arrays (ml_dtypes, as JAX gives them) saved as their bits and restored
 bit for bit, on every backend (COMM_SELF). torch bfloat16 tensors: tests/mpi/test_torch.py."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -45,3 +48,12 @@ def test_a_resizable_bfloat16_leaf_comes_back_as_bfloat16(tmp_path):
     assert target["t"].array.dtype == torch.bfloat16 and torch.equal(target["t"].array, saved)
     assert target["n"].array.dtype == ml_dtypes.bfloat16
     assert target["n"].array.view(np.uint16).tobytes() == numbers(1)[0].view(np.uint16).tobytes()
+
+
+def test_inspect_and_verify_name_bfloat16_leaves(tmp_path):
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(3, {"w": hpckpt.Replicated(numbers(1))})
+    shown = subprocess.run([sys.executable, "-m", "hpckpt", "inspect", tmp_path / "run"], capture_output=True, text=True)
+    assert "  w: replicated bfloat16 (stored as uint16 bits) (5, 8)" in shown.stdout, shown.stdout + shown.stderr
+    verified = subprocess.run([sys.executable, "-m", "hpckpt", "verify", tmp_path / "run"], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
