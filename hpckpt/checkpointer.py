@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._comm import run_phase
+from .buffers.device import STAGER
 from .errors import CheckpointFallbackWarning, CollectiveError, PickleWarning, UnsafeLoadError
 from .levels.store import NodeLocalStore, default_local_root
 from .model.leaves import Pickled
@@ -588,6 +589,7 @@ class Checkpointer:
                 self._local.close()
             self._local = None
         self._lock.release()
+        STAGER.release()
         if self._comm is not None:
             self._comm.Free()
             self._comm = None

@@ -77,6 +77,13 @@ def device_layout(array: Any, path: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(device.shape), np.dtype(device.dtype)
 
 
+def pinned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A new page-locked host array, which the GPU copies to and from asynchronously."""
+    import cupyx
+
+    return cupyx.empty_pinned(shape, dtype=dtype)
+
+
 class HostCopy:
     """A device-to-host copy in flight: the pinned host array it fills, an event per chunk.
 
@@ -122,11 +129,12 @@ class DeviceStager:
         """A pinned host array for ``path`` (reused while shape and dtype stay the same)."""
         buffer = self._pinned.get(path)
         if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
-            import cupyx
-
-            buffer = cupyx.empty_pinned(shape, dtype=dtype)
-            self._pinned[path] = buffer
+            buffer = self._pinned[path] = pinned_empty(shape, dtype)
         return buffer
+
+    def release(self) -> None:
+        """Drop the pinned buffers kept for reuse (as much host memory as the device leaves)."""
+        self._pinned.clear()
 
     def _stream_after_application(self, cupy: Any, device: Any) -> Any:
         """This GPU's copy stream, made to wait for the work queued on the current stream."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..buffers.bfloat16 import is_bfloat16, like
-from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array
+from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
 from ..buffers.host import as_host_array
 from ..model.leaves import Distributed, Local, Pickled, Replicated
 from .coordinated import SaveReport
@@ -71,8 +71,7 @@ def _copy_into_buffer(array: Any, path: str, buffers: dict[str, np.ndarray], cop
         shape, dtype = device_layout(array, name)
         buffer = buffers.get(path)
         if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
-            buffer = STAGER.pinned_buffer(f"snapshot:{id(buffers)}:{path}", shape, dtype)
-            buffers[path] = buffer
+            buffer = buffers[path] = pinned_empty(shape, dtype)  # freed with the buffer set
         copies.append(STAGER.start_to_host(array, name, out=buffer))
         return buffer
     host = as_host_array(array, name)

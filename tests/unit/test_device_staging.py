@@ -150,3 +150,18 @@ def test_a_resized_device_leaf_comes_back_as_a_new_device_array(cupy, tmp_path):
         checkpointer.restore(target)
     assert isinstance(target["p"].array, cupy.ndarray) and target["p"].shape == (10, 3)
     assert cupy.asnumpy(target["p"].array).tobytes() == particles.tobytes()
+
+
+def test_pinned_buffers_are_kept_for_reuse_until_close(cupy, tmp_path):
+    from hpckpt.buffers.device import STAGER
+
+    state = make_state(cupy, 6)
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, state)
+        kept = dict(STAGER._pinned)
+        checkpointer.save(2, state)
+        assert set(kept) == {"grid", "ids", "weights", "bias"}
+        assert all(STAGER._pinned[path] is buffer for path, buffer in kept.items())  # reused, not reallocated
+        checkpointer.save(3, state, blocking=False).wait()
+        assert set(STAGER._pinned) == set(kept)  # a snapshot's pinned buffers belong to its buffer set
+    assert STAGER._pinned == {}  # close gives the host memory back
