@@ -3,19 +3,25 @@
 #
 #   bash tools/gpu-check.sh [OUT]      (OUT: where gpu-check.log and gpu.json go; default perf/results)
 #
-# Uses the machine's python3, which must have CuPy, NumPy, xxhash and pytest. When .whl
-# holds the wheels of tools/fetch-gpu-wheels.sh (MPICH and mpi4py, for machines that
-# cannot download them), they are installed into /tmp/hpckpt-site first. Record what it
-# prints in docs/gpu.md.
+# Uses the machine's python3, which must have CuPy, NumPy, xxhash and pytest. Where its
+# mpi4py finds no MPI library, the wheels of tools/fetch-gpu-wheels.sh (MPICH and mpi4py,
+# carried in .whl) are installed under /tmp/hpckpt-prefix first. Record what it prints
+# in docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:-perf/results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 log=$out/gpu-check.log
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/hpckpt-site .whl/*.whl
-    export PYTHONPATH=/tmp/hpckpt-site${PYTHONPATH:+:$PYTHONPATH}
+if ! python3 -c "from mpi4py import MPI" 2>/dev/null; then
+    if ! compgen -G ".whl/*.whl" >/dev/null; then
+        echo "gpu-check: python3 has no working mpi4py; run tools/fetch-gpu-wheels.sh where pip can download, and bring .whl" >&2
+        exit 1
+    fi
+    prefix=/tmp/hpckpt-prefix  # --prefix, not --target: MPICH's libmpi.so.12 is wheel data under lib/
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix "$prefix" .whl/*.whl
+    site=$(python3 -c 'import sys; print("%s/lib/python%d.%d/site-packages" % (sys.argv[1], *sys.version_info[:2]))' "$prefix")
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 {
