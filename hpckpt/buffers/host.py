@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidStateError
 from .bfloat16 import is_bfloat16, numpy_bits
-from .device import STAGER, device_layout, is_device_array
+from .device import device_layout, is_device_array
 
 STORABLE_KINDS = "biufc"
 
@@ -38,7 +38,9 @@ def host_dtype(array: Any, path: str) -> np.dtype:
 
 
 def as_host_array(array: Any, path: str) -> np.ndarray:
-    """Return ``array`` as a C-contiguous NumPy array (a copy only when it is not one).
+    """Return host ``array`` as a C-contiguous NumPy array (a copy only when it is not one).
+
+    Device arrays are staged by :class:`hpckpt.buffers.device.DeviceStager` instead.
 
     Raises
     ------
@@ -46,8 +48,6 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         When the array cannot be viewed on the host or its dtype cannot be stored
         (only booleans, integers, floats and complex numbers can).
     """
-    if is_device_array(array):
-        return STAGER.to_host(array, path)
     try:
         host = _numpy_view(array)
     except Exception as exc:  # noqa: BLE001 - any conversion failure is the user's input
