@@ -122,10 +122,10 @@ class HDF5Backend:
         h5, reused = self._open_for_write(directory / FILE_NAME, records, comm)
         with h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
-            if reused:
-                datasets = {record.path: _existing(h5, record) for record in records}
-            else:
-                datasets = {record.path: self._create(h5, record) for record in records}
+            created: dict[str, Any] = {}
+            if not reused:
+                for record in records:
+                    created.update(self._create(h5, record))
                 digest = _layout_digest(records)
                 if digest is not None:  # every dataset exists: a recycled copy may be written in place
                     h5.attrs[LAYOUT_ATTRIBUTE] = digest
@@ -135,11 +135,13 @@ class HDF5Backend:
                     continue  # an empty dataset: nothing to write, on every rank alike
                 if record.kind != "distributed" and block.size == 0:
                     continue
+                name = _dataset_name(record, block.rank)
+                dataset_id = _open(h5, name) if reused else created[name]  # a rank opens only its own
                 if record.kind == "local":
-                    _write_box(datasets[record.path][block.rank], (0,) * data.array.ndim, data.array, collective=False)
+                    _write_box(dataset_id, (0,) * data.array.ndim, data.array, collective=False)
                 else:
                     collective = record.kind == "distributed" and comm.size > 1
-                    _write_box(datasets[record.path], block.offset, data.array, collective=collective)
+                    _write_box(dataset_id, block.offset, data.array, collective=collective)
             h5.flush()  # MPI_File_sync on every rank: data durable before the commit
         return [FILE_NAME]
 
@@ -167,13 +169,15 @@ class HDF5Backend:
         except OSError:
             return False
 
-    def _create(self, h5: Any, record: LeafRecord) -> Any:
-        """Create the dataset of ``record`` (a group of one per rank if local); their ids."""
+    def _create(self, h5: Any, record: LeafRecord) -> dict[str, Any]:
+        """Create the dataset of ``record`` (a group of one per rank if local); their ids by name."""
         if record.kind == "local":
             group = h5.create_group(record.path)
             group.attrs["hpckpt_kind"] = record.kind
             return {
-                block.rank: group.create_dataset(local_block_name(block.rank), shape=block.shape, dtype=record.dtype).id
+                _dataset_name(record, block.rank): group.create_dataset(
+                    local_block_name(block.rank), shape=block.shape, dtype=record.dtype
+                ).id
                 for block in record.blocks
             }
         stored = [block.shape for block in record.blocks if block.size]
@@ -182,7 +186,7 @@ class HDF5Backend:
         chunks = max(stored, key=math.prod) if _partial(record) and stored else None
         dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype, chunks=chunks)
         dataset.attrs["hpckpt_kind"] = record.kind
-        return dataset.id
+        return {_dataset_name(record, 0): dataset.id}
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """None: every stored byte is in a block (posix) or the library checks its own (hdf5)."""
@@ -192,17 +196,12 @@ class HDF5Backend:
         """Fill each request's ``array`` from ``data.h5``. Independent (not collective)."""
         if not requests:
             return
-        from h5py import h5d
-
         with self._h5py.File(directory / FILE_NAME, "r") as h5:
             for request in requests:
                 record, block = request.record, request.block
-                name = record.location["dataset"]
-                if record.kind == "local":
-                    name, expected = f"{name}/{local_block_name(block.rank)}", block.shape
-                else:
-                    expected = record.global_shape
-                dataset_id = h5d.open(h5.id, name.encode())  # h5py's group[name] costs 30 us
+                name = _dataset_name(record, block.rank)
+                expected = block.shape if record.kind == "local" else record.global_shape
+                dataset_id = _open(h5, name)
                 if dataset_id.shape != expected:
                     raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected {expected}")
                 _read_box(dataset_id, block.offset if record.kind != "local" else (0,) * len(expected), request.array)
@@ -239,18 +238,17 @@ def _layout_digest(records: Sequence[LeafRecord]) -> str | None:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def _existing(h5: Any, record: LeafRecord) -> Any:
-    """The dataset ids of ``record`` in a reused file, as :meth:`HDF5Backend._create` returns them.
+def _dataset_name(record: LeafRecord, rank: int) -> str:
+    """The dataset that holds ``rank``'s block of laid-out ``record`` (local leaves: one per rank)."""
+    base = record.location["dataset"]
+    return f"{base}/{local_block_name(rank)}" if record.kind == "local" else base
 
-    Opened by name with the low-level ``h5d.open`` (h5py's ``group[name]`` costs 30 us)."""
+
+def _open(h5: Any, name: str) -> Any:
+    """Dataset ``name``'s id, with the low-level ``h5d.open`` (h5py's ``group[name]`` costs 30 us)."""
     from h5py import h5d
 
-    if record.kind == "local":
-        return {
-            block.rank: h5d.open(h5.id, f"{record.path}/{local_block_name(block.rank)}".encode())
-            for block in record.blocks
-        }
-    return h5d.open(h5.id, record.path.encode())
+    return h5d.open(h5.id, name.encode())
 
 
 def _selections(dataset_id: Any, offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[Any, Any]:
