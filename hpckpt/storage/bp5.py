@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,8 +125,14 @@ class ADIOS2Backend:
             if record.kind == "local":
                 stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
                 ids = {block.rank: index for index, block in enumerate(stored)}
-                blocks = tuple(replace(b, location={"block_id": ids[b.rank]}) if b.size else b for b in blocks)
-            placed.append(replace(record, blocks=blocks, location=location))
+                # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
+                blocks = tuple(
+                    Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}) if b.size else b
+                    for b in blocks
+                )
+            placed.append(
+                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, location, record.encoding)
+            )
         return tuple(placed)
 
     def write(

@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +105,10 @@ class HDF5Backend:
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
-        return tuple(replace(record, location={"file": FILE_NAME, "dataset": f"/{record.path}"}) for record in records)
+        return tuple(  # direct construction: dataclasses.replace costs 5 us a call
+            LeafRecord(r.path, r.kind, r.dtype, r.global_shape, r.blocks, {"file": FILE_NAME, "dataset": f"/{r.path}"}, r.encoding)
+            for r in records
+        )
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
