@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import gather_phase, run_phase
-from ..buffers.device import STAGER, is_device_array
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
+from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError

@@ -121,14 +121,14 @@ class HDF5Backend:
         (empty boxes take part with an empty selection). Replicated and local blocks
         are written independently.
         """
-        h5, reused = self._open_for_write(directory / FILE_NAME, records, comm)
+        digest = _layout_digest(records)
+        h5, reused = self._open_for_write(directory / FILE_NAME, digest, comm)
         with h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
             created: dict[str, Any] = {}
             if not reused:
                 for record in records:
                     created.update(self._create(h5, record))
-                digest = _layout_digest(records)
                 if digest is not None:  # every dataset exists: a recycled copy may be written in place
                     h5.attrs[LAYOUT_ATTRIBUTE] = digest
             for data in blocks:
@@ -147,22 +147,23 @@ class HDF5Backend:
             h5.flush()  # MPI_File_sync on every rank: data durable before the commit
         return [FILE_NAME]
 
-    def _open_for_write(self, path: Path, records: Sequence[LeafRecord], comm: MPI.Comm) -> tuple[Any, bool]:
-        """The open file, and whether it is a recycled one whose datasets are reused.
+    def _open_for_write(self, path: Path, digest: str | None, comm: MPI.Comm) -> tuple[Any, bool]:
+        """The open file, and whether it is a recycled one whose datasets are reused
+        (``digest``: the :func:`_layout_digest` of the records to write).
 
         Collective over ``comm``: rank 0 alone inspects a recycled file (serially, with
         the default driver) and broadcasts the decision, so every rank then makes the
         same single collective open. One process (a rank's own checkpoint, ``hpckpt
         convert``) uses the default POSIX driver: MPI-IO on COMM_SELF only adds cost.
         """
-        reuse = comm.bcast(self._reusable(path, records) if comm.rank == 0 else None, root=0)
+        reuse = comm.bcast(self._reusable(path, digest) if comm.rank == 0 else None, root=0)
         return self._h5py.File(path, "r+" if reuse else "w", **self._file_options(comm)), reuse
 
-    def _reusable(self, path: Path, records: Sequence[LeafRecord]) -> bool:
-        """Whether ``path`` exists and holds exactly the contiguous datasets of ``records``:
-        whether hpckpt created it for the same layout (its ``hpckpt_layout`` digest; reading
-        the digest costs one attribute, where listing every dataset cost 0.12 ms each)."""
-        digest = _layout_digest(records)
+    def _reusable(self, path: Path, digest: str | None) -> bool:
+        """Whether ``path`` exists and holds exactly the contiguous datasets of the layout
+        ``digest`` names: whether hpckpt created it for that layout (its ``hpckpt_layout``
+        attribute; reading it costs one attribute, where listing every dataset cost 0.12 ms
+        each)."""
         if digest is None or not path.exists():
             return False
         try:
