@@ -15,7 +15,7 @@ from pathlib import Path
 from .catalog import CheckpointReader, Progress
 from .storage import open_backend
 from .storage.base import BlockData
-from .storage.commit import RunDirectory
+from .storage.commit import RunDirectory, sync_files
 
 
 def convert_step(
@@ -67,4 +67,4 @@ def convert_step(
         files=dict.fromkeys(files),
         file_checksums=dict.fromkeys(backend.metadata_files(files)),
     )
-    return target_dir.commit(converted)
+    return target_dir.commit(converted, sync_files(temp, backend.written_files(files, 0, 1)))

@@ -11,8 +11,11 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
    ``prepare``: rank 0 checks the space and makes ``step-N.tmp``.
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
-4. ``commit``: rank 0 fsyncs, writes the manifest last and renames the step into
-   place; then ``retain`` deletes old steps (only after a successful commit).
+4. ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes
+   until then) and reports their sizes.
+5. ``commit``: rank 0 records the largest sizes, writes the manifest last and renames
+   the step into place; then ``retain`` deletes old steps (only after a successful
+   commit).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from ..model.layout import LeafPlan, RankPlan, merge_plans
 from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
-from ..storage.commit import RunDirectory
+from ..storage.commit import RunDirectory, merge_sizes, sync_files
 from ..testing import faults
 
 if TYPE_CHECKING:
@@ -236,6 +239,12 @@ def save_coordinated(
             raise
 
     files = timed("write", write)
+
+    def sync() -> dict[str, int]:
+        faults.point("save.sync")
+        return sync_files(temp, backend.written_files(files, rank, comm.size))
+
+    durable_sizes = merge_sizes(timed("sync", sync, gather_phase))
     manifest = Manifest(
         step=step,
         protocol=protocol,
@@ -256,7 +265,7 @@ def save_coordinated(
     def commit() -> None:
         faults.point("save.commit")
         if rank == 0:
-            run_dir.commit(manifest)
+            run_dir.commit(manifest, durable_sizes)
 
     timed("commit", commit)
 

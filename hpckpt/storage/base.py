@@ -12,7 +12,8 @@ protocol calls:
    are the blocks this process writes: with more than one rank, each rank passes its
    own block of every distributed and local leaf (empty ones included) and rank 0 the
    replicated ones; a single process (``hpckpt convert``) may pass every block.
-   Returns every file name of the step (relative to ``directory``), data durable.
+   Returns every file name of the step (relative to ``directory``); then each rank
+   fsyncs ``written_files(files, rank, size)``, the files it may have written.
 
 and per restored step:
 
@@ -76,6 +77,10 @@ class Backend(Protocol):
     # ``path`` (compression), called on each rank before the layout; ``layout`` then finds
     # each block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
     # and ``read`` decodes (see storage/posix.py).
+
+    def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
+        """The files among ``files`` (from :meth:`write`) that rank ``rank`` of ``size``
+        may have written: it makes them durable before the commit. Pure."""
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that the library parses but no

@@ -174,6 +174,10 @@ class ADIOS2Backend:
         adios.RemoveAllIOs()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
 
+    def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
+        """Every file of ``data.bp/``: which rank aggregates which subfile is ADIOS2's choice."""
+        return [name for name in files if name != DIRECTORY_NAME]
+
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """Everything in ``data.bp/`` but the data files: ``md.idx``, ``md.0``, ``mmd.0``, ...
 

@@ -8,21 +8,27 @@ On disk, a run directory holds::
     .recycle/                 data files (and directories) of the last deleted step,
                               reused by the next save (backends that write in place only)
 
-The sequence for step N (rank 0 does every call here; others only write data):
-``prepare(N)`` makes an empty ``step-N.tmp``; the backend writes into it; ``commit``
-fsyncs the data files, writes ``manifest.json`` last, fsyncs it and the directory,
-renames ``step-N.tmp`` to ``step-N`` and fsyncs the run directory. A crash at any
-moment leaves either the old set of committed steps or the new one.
+The sequence for step N: rank 0 ``prepare(N)`` makes an empty ``step-N.tmp``; the
+backend writes into it on every rank; every rank makes its own writes durable
+(:func:`sync_files`: an fsync through its own node, since on a parallel file system
+one node's fsync does not flush another node's cache) and reports the sizes it sees;
+rank 0 ``commit`` records the largest size each file had on any writer, writes
+``manifest.json`` last, fsyncs it and the directories, renames ``step-N.tmp`` to
+``step-N`` (exchanging it atomically with a committed step of the same number) and
+fsyncs the run directory. A crash at any moment leaves either the old set of
+committed steps or the new one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 import re
 import shutil
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +36,7 @@ from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
 from ..model.delta import referenced_steps
 from ..model.manifest import Manifest
+from ..testing import faults
 from .lustre import Striping, set_stripe
 
 MANIFEST_NAME = "manifest.json"
@@ -74,6 +81,54 @@ def _fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def sync_files(directory: Path, names: Iterable[str]) -> dict[str, int]:
+    """Fsync the regular files ``names`` under ``directory``; their sizes after the fsync.
+
+    Not collective: every rank calls it for the files it wrote (directories are
+    skipped: rank 0 fsyncs them at the commit). The sizes are what this rank sees.
+    """
+    sizes = {}
+    for name in names:
+        path = directory / name
+        if path.is_dir():
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            sizes[name] = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return sizes
+
+
+def merge_sizes(per_rank: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Each file's committed size: the largest any writer saw after its own fsync."""
+    merged: dict[str, int] = {}
+    for sizes in per_rank:
+        for name, size in sizes.items():
+            merged[name] = max(size, merged.get(name, 0))
+    return merged
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two directory entries atomically (``renameat2(RENAME_EXCHANGE)``); False where
+    the kernel or file system cannot."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_cwd = -100
+    if renameat2(at_cwd, os.fsencode(first), at_cwd, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(code, f"cannot exchange {first} and {second}: {os.strerror(code)}")
 
 
 class RunDirectory:
@@ -148,12 +203,15 @@ class RunDirectory:
         self._recycled = set(spare)
         return temp
 
-    def commit(self, manifest: Manifest) -> Path:
-        """Make ``manifest.step`` durable and visible: fsync, manifest last, rename.
+    def commit(self, manifest: Manifest, durable_sizes: Mapping[str, int]) -> Path:
+        """Make ``manifest.step`` visible: manifest last, fsync, rename into place.
 
-        The sizes of ``manifest.files`` are recorded as committed, and the checksums of
-        the files named in ``manifest.file_checksums``. A committed step of the same
-        number (saved again after a restart) is replaced.
+        ``durable_sizes`` are the sizes of the step's regular files after every writer
+        made them durable (:func:`merge_sizes` of every rank's :func:`sync_files`); they
+        are recorded as committed, and the checksums of the files named in
+        ``manifest.file_checksums``. Directories among ``manifest.files`` are fsync'd
+        here. A committed step of the same number (saved again after a fallback) is
+        exchanged with the new one atomically: one of them is committed at every moment.
         """
         step = manifest.step
         temp = self.temp_path(step)
@@ -163,10 +221,14 @@ class RunDirectory:
         self._references[step] = frozenset(referenced_steps(manifest))
         sizes: dict[str, int | None] = {}
         for name in manifest.files:
-            _fsync_path(temp / name)
             _not_world_writable(temp / name)
-            status = os.stat(temp / name)
-            sizes[name] = None if stat.S_ISDIR(status.st_mode) else status.st_size
+            if (temp / name).is_dir():
+                _fsync_path(temp / name)
+                sizes[name] = None
+            elif name in durable_sizes:
+                sizes[name] = durable_sizes[name]
+            else:
+                raise RuntimeError(f"commit of step {step}: no writer made {temp / name} durable")
         checksums = {name: file_checksum(temp / name) for name in manifest.file_checksums}
         manifest = replace(manifest, files=sizes, file_checksums=checksums)
         manifest_file = temp / MANIFEST_NAME
@@ -177,8 +239,14 @@ class RunDirectory:
             os.fsync(handle.fileno())
         _fsync_path(temp)
         final = self.step_path(step)
+        faults.point("commit.rename")
+        if final.exists() and _exchange(temp, final):
+            _fsync_path(self.root)
+            faults.point("commit.exchanged")
+            shutil.rmtree(temp)  # the old step, under the name of an uncommitted one
+            return final
         replaced = final.with_name(final.name + ".replaced")
-        if final.exists():
+        if final.exists():  # no atomic exchange here: a moment without step N
             os.replace(final, replaced)
         os.replace(temp, final)
         _fsync_path(self.root)

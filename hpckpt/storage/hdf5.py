@@ -144,7 +144,6 @@ class HDF5Backend:
                 else:
                     collective = record.kind == "distributed" and comm.size > 1
                     _write_box(dataset_id, block.offset, data.array, collective=collective)
-            h5.flush()  # MPI_File_sync on every rank: data durable before the commit
         return [FILE_NAME]
 
     def _open_for_write(self, path: Path, digest: str | None, comm: MPI.Comm) -> tuple[Any, bool]:
@@ -190,6 +189,10 @@ class HDF5Backend:
         dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype, chunks=chunks)
         dataset.attrs["hpckpt_kind"] = record.kind
         return {_dataset_name(record, 0): dataset.id}
+
+    def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
+        """``data.h5``: every rank writes its hyperslabs into it."""
+        return list(files)
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """None: every stored byte is in a block (posix) or the library checks its own (hdf5)."""

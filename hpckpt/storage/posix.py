@@ -19,7 +19,7 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
   smallest tolerance of the matching patterns); their checksums are of the
   reconstruction a restore gives back.
 
-Every rank writes its own segment with ``pwrite`` and fsyncs it; no two ranks write
+Every rank writes its own segment with ``pwrite`` (and fsyncs it); no two ranks write
 the same byte. A file already in the step directory (recycled from a deleted step by
 retention) is overwritten in place, not truncated, and cut to its new size after: its
 disk blocks are reused instead of freed and allocated again. Reads use ``preadv``
@@ -142,7 +142,7 @@ class PosixBackend:
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
     ) -> list[str]:
-        """Write ``blocks`` at their offsets and fsync them.
+        """Write ``blocks`` at their offsets (the sync phase fsyncs them).
 
         Collective over ``comm`` only in that every rank returns the same file list;
         no messages are exchanged. Each rank creates its own file even when its
@@ -163,10 +163,13 @@ class PosixBackend:
                     _write_all(descriptor, views, offset)
                 if os.fstat(descriptor).st_size > ends.get(name, 0):  # a recycled file, longer than needed
                     os.ftruncate(descriptor, ends.get(name, 0))
-                os.fsync(descriptor)
             finally:
                 os.close(descriptor)
         return names
+
+    def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
+        """The file of ``rank``'s segment (every file when one process wrote them all)."""
+        return list(files) if size == 1 else [name for name in files if name == self.file_of(rank)]
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """None: every stored byte is in a block (posix) or the library checks its own (hdf5)."""

@@ -3,14 +3,20 @@
 import os
 from dataclasses import replace
 
-from hpckpt.storage.commit import MANIFEST_NAME, RunDirectory
+import pytest
+
+from hpckpt.storage.commit import MANIFEST_NAME, RunDirectory, merge_sizes, sync_files
 from tests.unit.test_manifest import make_manifest
+
+
+def commit(run_dir: RunDirectory, step: int) -> None:
+    run_dir.commit(replace(make_manifest(), step=step), sync_files(run_dir.temp_path(step), ["data.h5"]))
 
 
 def commit_step(run_dir: RunDirectory, step: int) -> None:
     temp = run_dir.prepare(step)
     (temp / "data.h5").write_bytes(b"data %d" % step)
-    run_dir.commit(replace(make_manifest(), step=step))
+    commit(run_dir, step)
 
 
 def test_commit_writes_manifest_last_and_renames(tmp_path):
@@ -45,9 +51,25 @@ def test_saving_a_committed_step_again_replaces_it(tmp_path):
     commit_step(run_dir, 5)
     temp = run_dir.prepare(5)
     (temp / "data.h5").write_bytes(b"second")
-    run_dir.commit(replace(make_manifest(), step=5))
+    inode = os.stat(run_dir.step_path(5)).st_ino
+    commit(run_dir, 5)
     assert (run_dir.step_path(5) / "data.h5").read_bytes() == b"second"
     assert sorted(os.listdir(tmp_path)) == ["step-00000005"]
+    assert os.stat(run_dir.step_path(5)).st_ino != inode  # the new directory, exchanged into place
+
+
+def test_the_committed_sizes_are_the_writers_largest(tmp_path):
+    """Rank 0 records what the writers saw after their fsyncs, not its own view."""
+    assert merge_sizes([{"data.h5": 10}, {"data.h5": 4096, "b": 1}, {}]) == {"data.h5": 4096, "b": 1}
+    run_dir = RunDirectory(tmp_path)
+    temp = run_dir.prepare(2)
+    (temp / "data.h5").write_bytes(b"x" * 7)
+    run_dir.commit(replace(make_manifest(), step=2), {"data.h5": 7})
+    assert run_dir.manifest(2).files == {"data.h5": 7}
+    temp = run_dir.prepare(3)
+    (temp / "data.h5").write_bytes(b"x")
+    with pytest.raises(RuntimeError, match="no writer made .*data.h5 durable"):
+        run_dir.commit(replace(make_manifest(), step=3), {})
 
 
 def test_recycling_moves_the_deleted_steps_files_into_the_next_step(tmp_path):
@@ -60,7 +82,7 @@ def test_recycling_moves_the_deleted_steps_files_into_the_next_step(tmp_path):
     assert sorted(os.listdir(tmp_path / ".recycle")) == ["data.h5", "extra.bin"]
     temp = run_dir.prepare(3)
     assert os.stat(temp / "data.h5").st_ino == inode and not os.listdir(tmp_path / ".recycle")
-    run_dir.commit(replace(make_manifest(), step=3))  # lists data.h5 only: extra.bin is removed
+    commit(run_dir, 3)  # lists data.h5 only: extra.bin is removed
     assert sorted(os.listdir(run_dir.step_path(3))) == ["data.h5", MANIFEST_NAME]
     assert run_dir.retain(1, recycle=True) == [2] and os.listdir(tmp_path / ".recycle") == ["data.h5"]
     assert run_dir.retain(1) == [] and not (tmp_path / ".recycle").exists()  # without recycling: removed

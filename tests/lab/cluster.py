@@ -1,0 +1,350 @@
+"""Simulated nodes on one machine, sharing a file system through per-node caches.
+
+A :class:`Lab` starts N nodes. Each node is a process tree in its own mount, UTS and
+PID namespaces (``unshare``), with its own hostname (``node1``, ``node2``, ...), its own
+tmpfs on ``/dev/shm`` and its own client cache of the shared file system: a
+``nodecache`` FUSE mount of ``<root>/disk`` at ``<root>/pfs``, the same path on every
+node. What a node wrote but did not fsync lives only in its cache and is gone when the
+node dies. The host sees ``<root>/disk``: what a power loss leaves.
+
+MPI jobs span the nodes through an ssh-like launcher (``nodeexec``) that enters a node:
+MPICH's ``mpiexec -launcher-exec``, Open MPI's ``--mca plm_rsh_agent``. MPI traffic
+goes over loopback (MPICH, UCX over TCP) or the machine's own address (Open MPI's
+out-of-band channel refuses loopback alone); nothing leaves the machine.
+
+Faults: :meth:`Lab.kill_rank` (SIGKILL), :meth:`Lab.stop_rank` (SIGSTOP),
+:meth:`Lab.lose_node` (every process of the node, its ``/dev/shm`` and its unsynced
+writes; a fresh node of the same name replaces it), :meth:`Lab.power_loss` (every
+node). A job can stop one of its ranks at a named save/restore point
+(``HPCKPT_FAULT=POINT:RANK:stop[:NTH]``); :meth:`Job.wait_stopped` returns it, so the
+fault lands at exactly that point. Every fault is recorded in :attr:`Lab.events`.
+
+Needs root (namespaces, FUSE). See docs/lab.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NODECACHE = REPO / "build" / "lab" / "nodecache"
+NODEEXEC = Path(__file__).resolve().parent / "nodeexec"
+ROOT_ENV = "HPCKPT_LAB_ROOT"
+JOB_ENV = "HPCKPT_LAB_JOB"
+START_TIMEOUT = 10.0
+
+
+class LabError(RuntimeError):
+    """The lab could not do what was asked (no root, no nodecache build, a node did not start)."""
+
+
+def lab_unavailable() -> str | None:
+    """Why a lab cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "the lab needs root (namespaces and FUSE mounts)"
+    if not NODECACHE.exists():
+        return f"{NODECACHE} is not built (run `make install`)"
+    for tool in ("unshare", "nsenter", "mpiexec"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not Path("/dev/fuse").exists():
+        return "/dev/fuse is missing"
+    return None
+
+
+@dataclass
+class Event:
+    """One injected fault: what, on which node and rank, and when (monotonic seconds)."""
+
+    kind: str
+    node: str
+    rank: int | None = None
+    point: str | None = None
+    at: float = field(default_factory=time.monotonic)
+
+
+class Node:
+    """One simulated node: an ``unshare`` process tree (see the module docstring)."""
+
+    def __init__(self, lab: Lab, name: str) -> None:
+        self.lab = lab
+        self.name = name
+        script = (
+            f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
+            f"{NODECACHE} {lab.disk} {lab.pfs} -f -o allow_other > {lab.root}/{name}.nodecache.log 2>&1 & "
+            "exec sleep infinity"
+        )
+        self._unshare = subprocess.Popen(
+            ["unshare", "--mount", "--uts", "--pid", "--fork", "--propagation", "private", "bash", "-c", script],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.init_pid = self._wait_for_init()
+        self._wait_for_mount()
+        (lab.root / "nodes" / f"{name}.pid").write_text(str(self.init_pid))
+
+    def _wait_for_init(self) -> int:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            children = Path(f"/proc/{self._unshare.pid}/task/{self._unshare.pid}/children")
+            try:
+                pids = children.read_text().split()
+            except OSError:
+                pids = []
+            if pids:
+                return int(pids[0])
+            if self._unshare.poll() is not None:
+                raise LabError(f"node {self.name} did not start: unshare exited {self._unshare.returncode}")
+            time.sleep(0.02)
+        raise LabError(f"node {self.name} did not start within {START_TIMEOUT} s")
+
+    def _wait_for_mount(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        mounts = Path(f"/proc/{self.init_pid}/mountinfo")
+        while time.monotonic() < deadline:
+            if f" {self.lab.pfs} " in mounts.read_text():
+                return
+            time.sleep(0.02)
+        log = (self.lab.root / f"{self.name}.nodecache.log").read_text(errors="replace")
+        raise LabError(f"node {self.name}: the shared file system was not mounted within {START_TIMEOUT} s: {log}")
+
+    def run(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """Run ``command`` inside this node (in the caller's working directory)."""
+        enter = ["nsenter", "-t", str(self.init_pid), "--mount", "--uts", "--pid", f"--wd={os.getcwd()}", "--"]
+        return subprocess.run(enter + command, **kwargs)
+
+    def owns(self, pid: int) -> bool:
+        """Whether process ``pid`` runs inside this node."""
+        try:
+            return os.stat(f"/proc/{pid}/ns/uts").st_ino == os.stat(f"/proc/{self.init_pid}/ns/uts").st_ino
+        except OSError:
+            return False
+
+    def destroy(self) -> None:
+        """Kill every process of the node at once: its cache and ``/dev/shm`` go with it."""
+        for pid in (self.init_pid, self._unshare.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._unshare.wait()
+        deadline = time.monotonic() + START_TIMEOUT
+        while Path(f"/proc/{self.init_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+class Lab:
+    """N simulated nodes sharing ``pfs`` (see the module docstring). A context manager."""
+
+    def __init__(self, root: str | os.PathLike[str], nodes: int = 2, *, shm_size: str = "512m") -> None:
+        reason = lab_unavailable()
+        if reason:
+            raise LabError(reason)
+        self.root = Path(root).resolve()
+        self.disk = self.root / "disk"
+        self.pfs = self.root / "pfs"
+        self.shm_size = shm_size
+        for directory in (self.disk, self.pfs, self.root / "nodes"):
+            directory.mkdir(parents=True, exist_ok=True)
+        self.events: list[Event] = []
+        self.nodes: dict[str, Node] = {}
+        self._jobs = 0
+        try:
+            for index in range(1, nodes + 1):
+                self.nodes[f"node{index}"] = Node(self, f"node{index}")
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Destroy every node."""
+        for node in self.nodes.values():
+            node.destroy()
+        self.nodes = {}
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def mpiexec(self, command: list[str], ranks_per_node: int = 2, nodes: list[str] | None = None) -> list[str]:
+        """An MPICH ``mpiexec`` command line running ``command`` across the nodes."""
+        names = nodes or list(self.nodes)
+        hosts = ",".join(f"{name}:{ranks_per_node}" for name in names)
+        return [
+            "mpiexec", "-launcher", "ssh", "-launcher-exec", str(NODEEXEC), "-hosts", hosts,
+            "-n", str(ranks_per_node * len(names)),
+            "-genv", "UCX_TLS", "tcp", "-genv", "UCX_NET_DEVICES", "lo", *command,
+        ]  # fmt: skip
+
+    def start(self, command: list[str], env: dict[str, str] | None = None) -> Job:
+        """Start ``command`` (an ``mpiexec`` line, or ``hpckpt run -- mpiexec ...``) on the host."""
+        self._jobs += 1
+        job_id = f"{os.getpid()}-{self._jobs}"
+        environment = {**os.environ, **(env or {}), ROOT_ENV: str(self.root), JOB_ENV: job_id}
+        environment.pop("HPCKPT_RANKS_PER_NODE", None)
+        process = subprocess.Popen(
+            command,
+            cwd=self.pfs,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        return Job(self, job_id, process)
+
+    def run(self, command: list[str], env: dict[str, str] | None = None, timeout: float = 50) -> Job:
+        """Run ``command`` to its end (see :meth:`start`); a timeout kills the whole job."""
+        job = self.start(command, env)
+        job.finish(timeout)
+        return job
+
+    # --- faults -----------------------------------------------------------------------------
+
+    def node_of(self, pid: int) -> str:
+        """The node process ``pid`` runs on."""
+        for name, node in self.nodes.items():
+            if node.owns(pid):
+                return name
+        raise LabError(f"process {pid} runs on no lab node")
+
+    def lose_node(self, name: str, *, replace: bool = True, rank: int | None = None, point: str | None = None) -> None:
+        """Node ``name`` dies: every process, its ``/dev/shm``, its unsynced writes.
+
+        With ``replace``, a fresh node of the same name (empty ``/dev/shm``, empty
+        cache) takes its place, as a rebooted or spare node would.
+        """
+        self.events.append(Event("node loss", name, rank, point))
+        self.nodes[name].destroy()
+        if replace:
+            self.nodes[name] = Node(self, name)
+
+    def power_loss(self, *, rank: int | None = None, point: str | None = None) -> None:
+        """Every node loses power at once; all come back empty."""
+        self.events.append(Event("power loss", "all", rank, point))
+        for node in self.nodes.values():
+            node.destroy()
+        for name in list(self.nodes):
+            self.nodes[name] = Node(self, name)
+
+
+@dataclass
+class Rank:
+    """One MPI rank of a lab job."""
+
+    rank: int
+    pid: int
+    node: str
+
+
+class Job:
+    """A job started by :meth:`Lab.start`."""
+
+    def __init__(self, lab: Lab, job_id: str, process: subprocess.Popen) -> None:
+        self.lab = lab
+        self.job_id = job_id
+        self.process = process
+        self.stdout = ""
+        self.stderr = ""
+        self.returncode: int | None = None
+
+    def ranks(self) -> dict[int, Rank]:
+        """The live ranks of this job, by rank (found by their environment)."""
+        found = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+            if variables.get(JOB_ENV.encode()) != self.job_id.encode() or b"PMI_RANK" not in variables:
+                continue
+            if b"python" not in Path(entry.path, "cmdline").read_bytes().split(b"\0")[0]:
+                continue
+            pid = int(entry.name)
+            try:
+                node = self.lab.node_of(pid)
+            except LabError:
+                continue
+            found[int(variables[b"PMI_RANK"])] = Rank(int(variables[b"PMI_RANK"]), pid, node)
+        return found
+
+    def wait_ranks(self, count: int, timeout: float = 30) -> dict[int, Rank]:
+        """Wait until ``count`` ranks run; them, by rank."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ranks = self.ranks()
+            if len(ranks) >= count:
+                return ranks
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise LabError(f"job {self.job_id}: {count} ranks did not start within {timeout} s:\n{self.stderr[-3000:]}")
+
+    def wait_stopped(self, timeout: float = 40) -> Rank:
+        """Wait until a rank of this job has stopped itself (a ``stop`` fault); that rank."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for rank in self.ranks().values():
+                try:
+                    state = Path(f"/proc/{rank.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                if state == "T":
+                    return rank
+            if self.process.poll() is not None:
+                self.finish(1)
+                raise LabError(f"job {self.job_id} ended before any rank stopped:\n{self.stderr[-3000:]}")
+            time.sleep(0.02)
+        self.kill()
+        raise LabError(f"job {self.job_id}: no rank stopped within {timeout} s:\n{self.stderr[-3000:]}")
+
+    def kill_rank(self, rank: Rank, point: str | None = None) -> None:
+        """SIGKILL one rank (also one that is stopped)."""
+        self.lab.events.append(Event("rank kill", rank.node, rank.rank, point))
+        os.kill(rank.pid, signal.SIGKILL)
+
+    def stop_rank(self, rank: Rank) -> None:
+        """SIGSTOP one rank: it stays alive and silent."""
+        self.lab.events.append(Event("rank stop", rank.node, rank.rank))
+        os.kill(rank.pid, signal.SIGSTOP)
+
+    def finish(self, timeout: float = 50) -> None:
+        """Wait for the job's end; on a timeout kill it and every rank, then raise."""
+        try:
+            self.stdout, self.stderr = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise LabError(f"job {self.job_id} did not finish within {timeout} s:\n{self.stderr[-3000:]}") from None
+        self.returncode = self.process.returncode
+
+    def kill(self) -> None:
+        """Kill the launcher's process group and every rank of the job."""
+        for rank in self.ranks().values():
+            try:
+                os.kill(rank.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = self.process.communicate()
+        self.stdout += out or ""
+        self.stderr += err or ""
+        self.returncode = self.process.returncode
+
