@@ -5,20 +5,25 @@ ULFM_VENV ?= .venv-ulfm
 MPIEXEC ?= mpiexec
 NP      ?= 4
 
-.PHONY: install test test-unit test-fault test-mpi test-slurm test-ulfm demo bench clean
+.PHONY: install test test-unit test-fault test-mpi test-lab test-slurm test-ulfm demo bench clean
 
 install:
 	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
 	HPCKPT_ULFM_VENV=$(abspath $(ULFM_VENV)) bash tools/install-ulfm.sh
+	bash tools/install-lab.sh
 
 test: install
-	$(MAKE) test-unit test-fault test-mpi test-slurm test-ulfm
+	$(MAKE) test-unit test-fault test-mpi test-lab test-slurm test-ulfm
 
 test-unit:
 	$(PY) -m pytest tests/unit tests/gpu -q -rs
 
 test-fault:
 	$(PY) -m pytest tests/fault -q
+
+# The multi-node lab: simulated nodes (namespaces) with per-node file-system caches (docs/lab.md).
+test-lab:
+	$(PY) -m pytest tests/lab -q -rs -p no:cacheprovider --timeout 170
 
 # In-job recovery: real `mpiexec --with-ft ulfm` jobs in the ULFM environment (Open MPI 5);
 # they skip, saying why, where tools/install-ulfm.sh could not build it.

@@ -4,13 +4,20 @@ Set ``HPCKPT_FAULT=POINT:RANK:ACTION[:NTH]`` to make rank ``RANK`` (of
 ``COMM_WORLD``) act at the ``NTH`` (default 1st) time it reaches ``POINT``:
 
 - ``kill``: SIGKILL itself (a node or process failure);
-- ``raise``: raise :class:`InjectedFault` (a software error on one rank).
+- ``raise``: raise :class:`InjectedFault` (a software error on one rank);
+- ``stop``: SIGSTOP itself, for a test harness to find stopped there and act on (lose
+  its node, cut the power: tests/lab), or to stay stopped (a hung rank).
+
+Where ``HPCKPT_FAULT_LOG`` names a file, the rank appends ``POINT RANK ACTION NTH PID``
+to it (durably) before it acts, so a test can assert where its fault landed.
 
 Faults fire only on the first attempt of a relaunched job (``HPCKPT_ATTEMPT`` unset
 or ``0``), so ``hpckpt run`` can then finish the job; a ULFM replacement process sets
 it too, so the rank it replaces does not fail again. Counting restarts whenever the
 variable's value changes. Points: ``save.plan``,
-``save.write``, ``save.commit``, ``save.retain``, ``restore.read``.
+``save.write``, ``save.sync``, ``save.commit``, ``commit.rename`` and ``commit.exchanged``
+(inside rank 0's commit, before and after a step is renamed into place), ``save.retain``,
+``restore.read``.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from collections import Counter
 from ..recovery.relaunch import ATTEMPT_ENV
 
 ENV = "HPCKPT_FAULT"
-ACTIONS = ("kill", "raise")
+LOG_ENV = "HPCKPT_FAULT_LOG"
+ACTIONS = ("kill", "raise", "stop")
 _reached: Counter[str] = Counter()
 _active_spec: str | None = None
 
@@ -68,6 +76,23 @@ def point(name: str) -> None:
     _reached[name] += 1
     if _reached[name] != nth:
         return
+    _log(f"{name} {rank} {action} {nth} {os.getpid()}\n")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     raise InjectedFault(f"injected fault at {name} on rank {rank} ({ENV}={spec})")
+
+
+def _log(line: str) -> None:
+    """Append ``line`` to the file ``HPCKPT_FAULT_LOG`` names, durably (if it is set)."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

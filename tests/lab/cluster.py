@@ -34,6 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 NODECACHE = REPO / "build" / "lab" / "nodecache"
+UCX_NO_DISCONNECT = REPO / "build" / "lab" / "ucx_no_disconnect.so"  # see ucx_no_disconnect.c
 NODEEXEC = Path(__file__).resolve().parent / "nodeexec"
 ROOT_ENV = "HPCKPT_LAB_ROOT"
 JOB_ENV = "HPCKPT_LAB_JOB"
@@ -48,8 +49,9 @@ def lab_unavailable() -> str | None:
     """Why a lab cannot run here, or None."""
     if os.geteuid() != 0:
         return "the lab needs root (namespaces and FUSE mounts)"
-    if not NODECACHE.exists():
-        return f"{NODECACHE} is not built (run `make install`)"
+    for built in (NODECACHE, UCX_NO_DISCONNECT):
+        if not built.exists():
+            return f"{built} is not built (run `make install`)"
     for tool in ("unshare", "nsenter", "mpiexec"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
@@ -75,13 +77,15 @@ class Node:
     def __init__(self, lab: Lab, name: str) -> None:
         self.lab = lab
         self.name = name
+        first_pid = 100000 * (len(lab.nodes) + 1)  # distinct process ids on every node (see docs/lab.md)
         script = (
             f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
+            f"echo {first_pid} > /proc/sys/kernel/ns_last_pid && "
             f"{NODECACHE} {lab.disk} {lab.pfs} -f -o allow_other > {lab.root}/{name}.nodecache.log 2>&1 & "
             "exec sleep infinity"
         )
         self._unshare = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--pid", "--fork", "--propagation", "private", "bash", "-c", script],
+            ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private", "bash", "-c", script],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -183,7 +187,8 @@ class Lab:
         return [
             "mpiexec", "-launcher", "ssh", "-launcher-exec", str(NODEEXEC), "-hosts", hosts,
             "-n", str(ranks_per_node * len(names)),
-            "-genv", "UCX_TLS", "tcp", "-genv", "UCX_NET_DEVICES", "lo", *command,
+            "-genv", "UCX_TLS", "tcp", "-genv", "UCX_NET_DEVICES", "lo", "-genv", "LD_PRELOAD", str(UCX_NO_DISCONNECT),
+            *command,
         ]  # fmt: skip
 
     def start(self, command: list[str], env: dict[str, str] | None = None) -> Job:
@@ -246,6 +251,14 @@ class Rank:
     rank: int
     pid: int
     node: str
+
+    @property
+    def node_pid(self) -> int:
+        """The rank's process id inside its node (its PID namespace)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+        raise LabError(f"process {self.pid} has no NSpid")
 
 
 class Job:
