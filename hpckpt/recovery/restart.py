@@ -39,6 +39,7 @@ from ..model.boxes import Box, intersection, local_slices
 from ..model.delta import home_step
 from ..model.manifest import Block, LeafRecord, Manifest, describe_encoding
 from ..model.tree import Slot, flatten
+from ..storage import open_backend
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
 from ..testing import faults
@@ -129,7 +130,9 @@ def restore_newest(
             comm, f"restore step {step}: plan", lambda: _plan_reads(manifest, slots, comm.size, comm.rank, local_from)
         )
         corrupt = gather_phase(
-            comm, f"restore step {step}: read", lambda: _read_and_verify(backend, run_dir, step, pieces, comm.rank)
+            comm,
+            f"restore step {step}: read",
+            lambda: _read_and_verify(_backend_of(manifest, backend), run_dir, step, pieces, comm.rank),
         )
         findings: list[str] = []
         for rank_findings in corrupt:
@@ -326,6 +329,12 @@ def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -
         slices = (local_slices(common, box), local_slices(common, stored_box))
         pieces.append(_Piece(BlockData(record, block, buffer), destination, slices))
     return pieces
+
+
+def _backend_of(manifest: Manifest, configured: Backend) -> Backend:
+    """The backend that reads the step: the one its manifest names (a run directory may
+    hold steps of another backend, e.g. after ``hpckpt convert``)."""
+    return configured if manifest.backend == configured.name else open_backend(manifest.backend)
 
 
 def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, pieces: list[_Piece], rank: int) -> list[str]:
