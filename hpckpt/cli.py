@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, handler, summary, description in (
         ("inspect", _inspect, "show the state tree of a step", "Show a step's leaves with their kinds, dtypes, "
-         "shapes and each rank's box, and its plain values."),
+         "shapes and each rank's box, and its plain values. Exit 1, naming the file, when a file of the step "
+         "is missing or not of its committed size (the step cannot be restored)."),
         ("verify", _verify, "recompute every checksum of a step", "Check the step's file sizes and recompute every "
          "block's checksum. Exit 0 when all match; 1, naming the first bad leaf, rank and file, when not."),
     ):  # fmt: skip
@@ -160,7 +161,9 @@ def _inspect(args: argparse.Namespace) -> int:
     from .progress import human_bytes
     from .storage.codec import LOSSY_CODEC
 
-    manifest = _reader(args.directory).manifest(args.step)
+    reader = _reader(args.directory)
+    manifest = reader.manifest(args.step)
+    damaged = reader.run_dir.damaged_files(manifest)
     leaves = []
     for record in manifest.leaves:
         leaves.append({
@@ -188,10 +191,11 @@ def _inspect(args: argparse.Namespace) -> int:
         "delta_base": manifest.delta_base,
         "leaves": leaves,
         "values": manifest.values,
+        "damaged": damaged,
     }
     if args.json:
         print(json.dumps(summary, indent=1))
-        return 0
+        return 1 if damaged else 0
     total = sum(record.nbytes for record in manifest.leaves)
     print(
         f"step {manifest.step}: backend {manifest.backend}, protocol {manifest.protocol}, "
@@ -218,7 +222,9 @@ def _inspect(args: argparse.Namespace) -> int:
             print(f"      rank {block['rank']}: {where}{home}{codec}")
     for path, value in manifest.values.items():
         print(f"  {path}: value {value!r}")
-    return 0
+    for problem in damaged:
+        print(f"hpckpt inspect: step {manifest.step} cannot be restored: {problem}", file=sys.stderr)
+    return 1 if damaged else 0
 
 
 def _verify(args: argparse.Namespace) -> int:
