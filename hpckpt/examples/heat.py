@@ -24,6 +24,7 @@ import numpy as np
 from .._comm import abort_on_exception
 from ..slurm import STOPPED_EXIT_CODE, JobControl
 from ..testing.faults import first_attempt
+from .options import add_level_options, level_options
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -40,9 +41,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mtbf", type=float, help="checkpoint at Daly's interval for this mean time between failures (s), not --every"
     )
-    parser.add_argument("--local", help="node-local checkpoint directory ('default': under /dev/shm)")
-    parser.add_argument("--redundancy", choices=("none", "partner", "xor"), help="copies of node-local checkpoints")
-    parser.add_argument("--flush-every", type=int, default=1, help="with --local: flush every K-th save to --dir (0: never)")
+    add_level_options(parser)
     parser.add_argument(
         "--async", dest="background", action="store_true", help="save without blocking (write and commit in a thread)"
     )
@@ -116,9 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     ulfm = args.recovery == "ulfm"
     uncoordinated = args.protocol == "uncoordinated"
-    levels = {}
-    if args.local or args.redundancy:
-        levels = {"local_dir": args.local, "redundancy": args.redundancy, "flush_every": args.flush_every}
+    levels = level_options(args)
     schedule = hpckpt.Schedule(auto=True, mtbf=args.mtbf) if args.mtbf else None
     with hpckpt.Checkpointer(
         args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, schedule=schedule,

@@ -32,6 +32,7 @@ import numpy as np
 from .._comm import abort_on_exception
 from ..slurm import STOPPED_EXIT_CODE, JobControl
 from ..testing.faults import first_attempt
+from .options import add_level_options, level_options
 
 FEATURES, EXAMPLES, SEED = 16, 4096, 1234
 BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8
@@ -46,6 +47,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--backend", choices=("hdf5", "adios2", "posix"), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
+    add_level_options(parser)
     parser.add_argument("--shard", action="store_true", help="parameters and optimizer state as Distributed slices")
     parser.add_argument("--batch", type=int, default=32, help="examples per rank per step (global batch with --shard)")
     parser.add_argument("--hidden", type=int, default=32, help="hidden units (default 32)")
@@ -182,8 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = None if uncoordinated else JobControl(world)  # see heat.py: coordinated only
     if job is not None and rank == 0 and (job.job_id or job.end_time):
         print(f"train: {job.describe()}", flush=True)
-    with hpckpt.Checkpointer(args.dir, comm=world, backend=args.backend, protocol=args.protocol, keep=args.keep) as ckpt:
+    levels = level_options(args)
+    with hpckpt.Checkpointer(
+        args.dir, comm=world, backend=args.backend, protocol=args.protocol, keep=args.keep, **levels
+    ) as ckpt:
         resumed = ckpt.restore(state)
+        if resumed is not None and ckpt.restored_level and rank == 0:
+            print(f"train: resumed from step {resumed} from the {ckpt.restored_level} level", flush=True)
         comm = ckpt.comm
         if not args.shard:
             set_generator_state(rng, state["rng"].array)
