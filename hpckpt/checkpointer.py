@@ -511,7 +511,7 @@ class Checkpointer:
             ``failure`` itself, unchanged, when it is not a process failure (or
             ``recovery`` is not ``"ulfm"``).
         """
-        if self.recovery != "ulfm" or not ulfm.is_process_failure(failure):
+        if self.recovery != "ulfm" or not (ulfm.is_process_failure(failure) or ulfm.peers_failed(self._comm)):
             raise failure
         self._repair()
         if self._rank is not None:  # this rank goes back to its own newest checkpoint; the others may go on

@@ -114,6 +114,21 @@ def is_process_failure(exc: BaseException | None) -> bool:
     return False
 
 
+def peers_failed(comm: MPI.Comm) -> bool:
+    """Whether this process knows of a failed process of ``comm`` (``MPIX_Comm_get_failed``).
+
+    Not collective. A collective that a peer died inside may end on some survivors with
+    no error but garbage (a pickled allgather then fails allocating its bogus sizes,
+    seen across lab nodes): an error raised while a peer is known dead is a process
+    failure whatever its type.
+    """
+    group = comm.Get_failed()
+    try:
+        return group.Get_size() > 0
+    finally:
+        group.Free()
+
+
 def repair(comm: MPI.Comm, command: list[str] | None = None, others: Sequence[MPI.Comm] = ()) -> Repair:
     """Replace the failed processes of ``comm``; return the repaired communicator.
 

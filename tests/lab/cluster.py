@@ -77,7 +77,10 @@ class Node:
     def __init__(self, lab: Lab, name: str) -> None:
         self.lab = lab
         self.name = name
-        first_pid = 100000 * (len(lab.nodes) + 1)  # distinct process ids on every node (see docs/lab.md)
+        self.tmp = lab.root / "nodes" / f"{name}.tmp"  # the node's TMPDIR (see nodeexec)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True)
+        self.first_pid = first_pid = 100000 * (len(lab.nodes) + 1)  # distinct process ids on every node
         script = (
             f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
             f"echo {first_pid} > /proc/sys/kernel/ns_last_pid && "
@@ -179,6 +182,21 @@ class Lab:
         self.nodes = {}
 
     # --- jobs -------------------------------------------------------------------------------
+
+    def open_mpi(
+        self, mpiexec: str, command: list[str], ranks_per_node: int = 2, flags: tuple[str, ...] = ()
+    ) -> list[str]:
+        """An Open MPI ``mpiexec`` command line (the ULFM environment's) across the nodes.
+
+        Ranks fill the nodes in order (``ppr:N:node``); oversubscription is allowed so
+        that replacements for a lost node's ranks can be spawned on the others.
+        """
+        hosts = ",".join(f"{name}:{ranks_per_node}" for name in self.nodes)
+        return [
+            mpiexec, "--mca", "plm_rsh_agent", str(NODEEXEC), "--host", hosts,
+            "--map-by", f"ppr:{ranks_per_node}:node:OVERSUBSCRIBE", "-n", str(ranks_per_node * len(self.nodes)),
+            *flags, *command,
+        ]  # fmt: skip
 
     def mpiexec(self, command: list[str], ranks_per_node: int = 2, nodes: list[str] | None = None) -> list[str]:
         """An MPICH ``mpiexec`` command line running ``command`` across the nodes."""
@@ -283,7 +301,8 @@ class Job:
             except OSError:
                 continue
             variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
-            if variables.get(JOB_ENV.encode()) != self.job_id.encode() or b"PMI_RANK" not in variables:
+            rank_text = variables.get(b"PMI_RANK", variables.get(b"OMPI_COMM_WORLD_RANK"))  # MPICH, Open MPI
+            if variables.get(JOB_ENV.encode()) != self.job_id.encode() or rank_text is None:
                 continue
             if b"python" not in Path(entry.path, "cmdline").read_bytes().split(b"\0")[0]:
                 continue
@@ -292,7 +311,7 @@ class Job:
                 node = self.lab.node_of(pid)
             except LabError:
                 continue
-            found[int(variables[b"PMI_RANK"])] = Rank(int(variables[b"PMI_RANK"]), pid, node)
+            found[int(rank_text)] = Rank(int(rank_text), pid, node)
         return found
 
     def wait_ranks(self, count: int, timeout: float = 30) -> dict[int, Rank]:
