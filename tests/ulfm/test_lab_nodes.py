@@ -5,8 +5,8 @@
   once oversubscribed), and the job ends bit for bit.
 - The whole node is lost (its daemon too): Open MPI 5.0.11's runtime (PRRTE 3.0) ends
   the job ("PRTE has lost communication with a remote daemon ... We cannot recover", or
-  "A daemon failed to report back"; open-mpi/ompi#12227), at times with exit status 0
-  although the job did not finish, so in-job recovery cannot survive a node loss there;
+  "A daemon failed to report back", or no message; open-mpi/ompi#12227), at times with
+  exit status 0 although the job did not finish, so in-job recovery cannot survive a node loss there;
   a relaunch on a fresh node restores the newest committed step instead, bit for bit.
 """
 
@@ -63,9 +63,9 @@ def test_a_lost_node_ends_the_open_mpi_job_and_a_relaunch_resumes(lab_factory, r
     newest = RunDirectory(lab.disk / "ckpt").committed_steps()[-1]
     lab.lose_node("node2", rank=2, point="save.plan")
     job.finish(60)  # it ends: no hang
+    # The survivors did not go on. PRRTE said "lost communication with a remote daemon",
+    # "A daemon failed to report back" or nothing, and exited 0 or 1: all three seen.
     assert "heat: done" not in job.stdout and "heat: recovered" not in job.stdout
-    # PRRTE reports the lost daemon one of two ways, and then exits 0 or 1 (seen both).
-    assert "lost communication with a remote daemon" in job.stderr or "A daemon failed to report back" in job.stderr
     relaunch = lab.run(lab.open_mpi(str(MPIEXEC), heat("--recovery", "ulfm"), flags=FLAGS), env=ENV, timeout=60)
     result = Finished(relaunch.returncode, relaunch.stdout, relaunch.stderr)
     assert result.returncode == 0, relaunch.stderr[-3000:]
