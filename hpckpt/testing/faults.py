@@ -11,8 +11,9 @@ Set ``HPCKPT_FAULT=POINT:RANK:ACTION[:NTH]`` to make rank ``RANK`` (of
 Where ``HPCKPT_FAULT_LOG`` names a file, the rank appends ``POINT RANK ACTION NTH PID``
 to it (durably) before it acts, so a test can assert where its fault landed.
 
-Faults fire only on the first attempt of a relaunched job (``HPCKPT_ATTEMPT`` unset
-or ``0``), so ``hpckpt run`` can then finish the job; a ULFM replacement process sets
+Faults fire only on the first attempt of a relaunched or requeued job
+(``HPCKPT_ATTEMPT`` and ``SLURM_RESTART_COUNT`` unset or ``0``), so ``hpckpt run`` or
+Slurm can then finish the job; a ULFM replacement process sets
 it too, so the rank it replaces does not fail again. Counting restarts whenever the
 variable's value changes. Points: ``save.plan``,
 ``save.write``, ``save.sync``, ``save.commit``, ``commit.rename`` and ``commit.exchanged``
@@ -40,8 +41,9 @@ class InjectedFault(RuntimeError):
 
 
 def first_attempt() -> bool:
-    """True unless ``hpckpt run`` is relaunching the job (``HPCKPT_ATTEMPT`` > 0)."""
-    return os.environ.get(ATTEMPT_ENV, "0") in ("", "0")
+    """True unless ``hpckpt run`` is relaunching the job (``HPCKPT_ATTEMPT`` > 0) or Slurm
+    runs it again after a requeue (``SLURM_RESTART_COUNT`` > 0)."""
+    return all(os.environ.get(name, "0") in ("", "0") for name in (ATTEMPT_ENV, "SLURM_RESTART_COUNT"))
 
 
 def _world_rank() -> int:

@@ -67,16 +67,23 @@ class SlurmCluster:
         self.conf.write_text(self._config())
         sbin = "/usr/sbin"
         subprocess.run([f"{sbin}/slurmctld", "-c", "-f", str(self.conf)], check=True, env=self.env)
-        subprocess.run([f"{sbin}/slurmd", "-f", str(self.conf)], check=True, env=self.env)
+        self._start_slurmd()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env).stdout
-            if state.strip() == "idle":
+            if self._ready():
                 return self
             time.sleep(0.5)
         logs = "\n".join(path.read_text()[-2000:] for path in (self.root / "log").glob("*.log"))
         self.stop()
-        raise RuntimeError(f"the Slurm node did not become idle within {timeout:g} s; logs:\n{logs}")
+        raise RuntimeError(f"the Slurm nodes did not become idle within {timeout:g} s; logs:\n{logs}")
+
+    def _start_slurmd(self) -> None:
+        subprocess.run(["/usr/sbin/slurmd", "-f", str(self.conf)], check=True, env=self.env)
+
+    def _ready(self) -> bool:
+        """Whether the node is idle (ready for jobs)."""
+        state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env).stdout
+        return state.strip() == "idle"
 
     def stop(self) -> None:
         """Stop the daemons started here (by their pid files), then munged if started here."""
