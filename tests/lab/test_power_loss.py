@@ -13,6 +13,7 @@ for bit equal to the fault-free run.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,5 +97,27 @@ def test_committed_steps_survive_a_power_loss(lab, heat_reference, backend, prot
     result = Finished(relaunch.returncode, relaunch.stdout, relaunch.stderr)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == expected_resume(after, protocol)
+    assert "CheckpointFallbackWarning" not in result.stderr
+    assert result.checksum == heat_reference
+
+
+@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+def test_a_killed_rank_is_relaunched_from_the_newest_committed_step(lab, heat_reference, backend):
+    """A rank SIGKILLed at a seeded save point; ``hpckpt run`` relaunches the job once."""
+    point, rank, nth = fault_of(sum(map(ord, f"kill{backend}")), "coordinated")
+    log = lab.root / "faults.log"
+    command = [sys.executable, "-m", "hpckpt", "run", "--delay", "0", "--max-restarts", "1", "--",
+               *lab.mpiexec(heat("ckpt", "--backend", backend))]  # fmt: skip
+    job = lab.start(command, env={"HPCKPT_FAULT": f"{point}:{rank}:stop:{nth}", "HPCKPT_FAULT_LOG": str(log)})
+    stopped = job.wait_stopped()
+    assert (stopped.rank, stopped.node) == (rank, f"node{rank // 2 + 1}")
+    assert log.read_text().split() == [point, str(rank), "stop", str(nth), str(stopped.node_pid)]
+    newest = committed(lab.disk, "coordinated")["all"][-1]
+    job.kill_rank(stopped, point=point)
+    job.finish(90)
+    result = Finished(job.returncode, job.stdout, job.stderr)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.failed_attempts == 1
+    assert result.resumed_from == str(newest)
     assert "CheckpointFallbackWarning" not in result.stderr
     assert result.checksum == heat_reference
