@@ -5,7 +5,7 @@ ULFM_VENV ?= .venv-ulfm
 MPIEXEC ?= mpiexec
 NP      ?= 4
 
-.PHONY: install test test-unit test-fault test-mpi test-lab test-slurm test-ulfm demo bench clean
+.PHONY: install test test-unit test-fault test-mpi test-lab test-slurm test-ulfm soak demo bench clean
 
 install:
 	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
@@ -24,6 +24,10 @@ test-fault:
 # The multi-node lab: simulated nodes (namespaces) with per-node file-system caches (docs/lab.md).
 test-lab:
 	$(PY) -m pytest tests/lab -q -rs -p no:cacheprovider --timeout 170
+
+# More seeded power-loss trials in the lab (HPCKPT_LAB_SOAK of them; not part of `make test`).
+soak: install
+	HPCKPT_LAB_SOAK=$${HPCKPT_LAB_SOAK:-40} $(PY) -m pytest tests/lab/test_power_loss.py -q -rs -p no:cacheprovider --timeout 170 -k soak
 
 # In-job recovery: real `mpiexec --with-ft ulfm` jobs in the ULFM environment (Open MPI 5);
 # they skip, saying why, where tools/install-ulfm.sh could not build it.

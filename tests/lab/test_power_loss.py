@@ -12,6 +12,7 @@ for bit equal to the fault-free run.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -46,13 +47,14 @@ def expected_resume(steps: dict[str, list[int]], protocol: str) -> str:
     return newest[0] if protocol == "coordinated" else ",".join(newest)
 
 
-def fault_of(seed: int, protocol: str) -> tuple[str, int, int]:
-    """A seeded fault: (point, rank, occurrence)."""
+def fault_of(seed: int, protocol: str, keep: int = 100) -> tuple[str, int, int]:
+    """A seeded fault: (point, rank, occurrence). With ``keep=2`` it comes at the 4th save
+    or later, once saves write into the files recycled from deleted steps."""
     rng = random.Random(seed)
     point = rng.choice(POINTS)
     rank = 0 if point in RANK0_POINTS else rng.randrange(RANKS)
-    first = 2 if protocol == "coordinated" else 3  # at least one step committed everywhere before
-    return point, rank, rng.randint(first, 4)
+    first = 4 if keep == 2 else 2 if protocol == "coordinated" else 3  # something committed everywhere before
+    return point, rank, rng.randint(first, 5)
 
 
 CASES = [
@@ -65,10 +67,23 @@ CASES = [
 ]
 
 
+SOAK = int(os.environ.get("HPCKPT_LAB_SOAK", "0"))  # `make soak`: more seeded trials
+
+
 @pytest.mark.parametrize("backend, protocol, blocking, keep", CASES)
 def test_committed_steps_survive_a_power_loss(lab, heat_reference, backend, protocol, blocking, keep):
-    seed = sum(map(ord, f"{backend}{protocol}{blocking}{keep}"))
-    point, rank, nth = fault_of(seed, protocol)
+    power_loss_trial(lab, heat_reference, backend, protocol, blocking, keep, sum(map(ord, f"{backend}{protocol}{blocking}{keep}")))
+
+
+@pytest.mark.parametrize("trial", range(SOAK))
+def test_soak_power_loss(lab, heat_reference, trial):
+    """``make soak``: seeded trials over the whole matrix (none in ``make test``)."""
+    case = random.Random(trial).choice(CASES).values
+    power_loss_trial(lab, heat_reference, *case, seed=10_000 + trial)
+
+
+def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking: bool, keep: int, seed: int) -> None:
+    point, rank, nth = fault_of(seed, protocol, keep)
     options = ["--backend", backend, "--protocol", protocol, "--keep", str(keep)] + ([] if blocking else ["--async"])
     log = lab.root / "faults.log"
     job = lab.start(
@@ -85,6 +100,8 @@ def test_committed_steps_survive_a_power_loss(lab, heat_reference, backend, prot
     assert [event.kind for event in lab.events] == ["power loss"]
     for key, steps in before.items():
         assert steps, f"the fault came before any step was committed ({key}): it tests nothing"
+        if keep == 2:
+            assert steps[0] > 10, f"no step was deleted yet, so no recycled files were written into: {steps}"
         assert set(steps) <= set(after[key]), f"committed steps were lost by the power loss: {before} -> {after}"
         if protocol == "coordinated":
             assert after == before  # nobody can commit while a rank is stopped
