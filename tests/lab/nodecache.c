@@ -44,10 +44,12 @@ struct extent {
     struct extent *next;
 };
 
-/* The dirty bytes of one backing file, keyed by its inode (renames keep them). */
+/* The dirty bytes of one backing file, keyed by its inode and birth time (renames keep
+ * them; an inode number reused after another node removed the file does not match). */
 struct dirty {
     ino_t ino;
     dev_t dev;
+    struct timespec born;
     struct extent *extents;
     struct dirty *next;
 };
@@ -56,13 +58,29 @@ static struct dirty *files = NULL;
 
 static const char *rel(const char *path) { return path[1] ? path + 1 : "."; }
 
-static struct dirty *find(const struct stat *st, int create) {
+/* The birth time of the open file fd (fd >= 0) or of path under the backing directory. */
+static struct timespec birth(int fd, const char *path) {
+    struct statx sx;
+    struct timespec born = {0, 0};
+    int res = fd >= 0 ? statx(fd, "", AT_EMPTY_PATH, STATX_BTIME, &sx)
+                      : statx(backing, rel(path), AT_SYMLINK_NOFOLLOW, STATX_BTIME, &sx);
+    if (res == 0 && (sx.stx_mask & STATX_BTIME)) {
+        born.tv_sec = sx.stx_btime.tv_sec;
+        born.tv_nsec = sx.stx_btime.tv_nsec;
+    }
+    return born;
+}
+
+static struct dirty *find(const struct stat *st, struct timespec born, int create) {
     for (struct dirty *d = files; d; d = d->next)
-        if (d->ino == st->st_ino && d->dev == st->st_dev) return d;
+        if (d->ino == st->st_ino && d->dev == st->st_dev && d->born.tv_sec == born.tv_sec &&
+            d->born.tv_nsec == born.tv_nsec)
+            return d;
     if (!create) return NULL;
     struct dirty *d = calloc(1, sizeof *d);
     d->ino = st->st_ino;
     d->dev = st->st_dev;
+    d->born = born;
     d->next = files;
     files = d;
     return d;
@@ -158,8 +176,9 @@ static int pwrite_all(int fd, const char *buf, size_t length, off_t offset) {
 static int sync_file(int fd, int datasync) {
     struct stat st;
     if (fstat(fd, &st) < 0) return -errno;
+    struct timespec born = birth(fd, NULL);
     pthread_mutex_lock(&lock);
-    struct dirty *d = find(&st, 0);
+    struct dirty *d = find(&st, born, 0);
     int res = 0;
     if (d) {
         for (struct extent *e = d->extents; e && !res; e = e->next) res = pwrite_all(fd, e->bytes, e->length, e->start);
@@ -170,14 +189,27 @@ static int sync_file(int fd, int datasync) {
     return (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? -errno : 0;
 }
 
-static void adjust_size(struct stat *st) {
+/* Size st (of the open file fd, or of path) as this node sees it: its dirty bytes included. */
+static void adjust_size(struct stat *st, int fd, const char *path) {
+    struct timespec born = birth(fd, path);
     pthread_mutex_lock(&lock);
-    struct dirty *d = find(st, 0);
+    struct dirty *d = find(st, born, 0);
     if (d) {
         off_t end = dirty_end(d);
         if (end > st->st_size) st->st_size = end;
         st->st_blocks = (st->st_size + 511) / 512;
     }
+    pthread_mutex_unlock(&lock);
+}
+
+/* Cut this node's dirty bytes of the open file fd to size. */
+static void cut_open(int fd, off_t size) {
+    struct stat st;
+    if (fstat(fd, &st) < 0) return;
+    struct timespec born = birth(fd, NULL);
+    pthread_mutex_lock(&lock);
+    struct dirty *d = find(&st, born, 0);
+    if (d) cut(d, size);
     pthread_mutex_unlock(&lock);
 }
 
@@ -195,7 +227,7 @@ static void *nc_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
 static int nc_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
     int res = fi ? fstat((int)fi->fh, st) : fstatat(backing, rel(path), st, AT_SYMLINK_NOFOLLOW);
     if (res < 0) return -errno;
-    if (S_ISREG(st->st_mode)) adjust_size(st);
+    if (S_ISREG(st->st_mode)) adjust_size(st, fi ? (int)fi->fh : -1, path);
     return 0;
 }
 
@@ -223,17 +255,12 @@ static int nc_open(const char *path, struct fuse_file_info *fi) {
         fd = openat(backing, rel(path), fi->flags & ~O_TRUNC);
         if (fd < 0) return -errno;
     }
-    if (fi->flags & O_TRUNC) {
-        struct stat st;
-        if (ftruncate(fd, 0) < 0 || fstat(fd, &st) < 0) {
-            close(fd);
-            return -errno;
-        }
-        pthread_mutex_lock(&lock);
-        struct dirty *d = find(&st, 0);
-        if (d) cut(d, 0);
-        pthread_mutex_unlock(&lock);
+    if ((fi->flags & O_TRUNC) && ftruncate(fd, 0) < 0) {
+        int error = errno;
+        close(fd);
+        return -error;
     }
+    if (fi->flags & O_TRUNC) cut_open(fd, 0);
     fi->fh = (uint64_t)fd;
     fi->direct_io = 1;
     return 0;
@@ -254,7 +281,7 @@ static int nc_read(const char *path, char *buf, size_t size, off_t offset, struc
     int fd = (int)fi->fh;
     struct stat st;
     if (fstat(fd, &st) < 0) return -errno;
-    adjust_size(&st);
+    adjust_size(&st, fd, NULL);
     if (offset >= st.st_size) return 0;
     if (offset + (off_t)size > st.st_size) size = (size_t)(st.st_size - offset);
     size_t got = 0;
@@ -268,8 +295,9 @@ static int nc_read(const char *path, char *buf, size_t size, off_t offset, struc
         got += (size_t)done;
     }
     memset(buf + got, 0, size - got);
+    struct timespec born = birth(fd, NULL);
     pthread_mutex_lock(&lock);
-    struct dirty *d = find(&st, 0);
+    struct dirty *d = find(&st, born, 0);
     if (d) {
         for (struct extent *e = d->extents; e; e = e->next) {
             off_t lo = e->start > offset ? e->start : offset;
@@ -286,37 +314,20 @@ static int nc_write(const char *path, const char *buf, size_t size, off_t offset
     (void)path;
     struct stat st;
     if (fstat((int)fi->fh, &st) < 0) return -errno;
+    struct timespec born = birth((int)fi->fh, NULL);
     pthread_mutex_lock(&lock);
-    int res = add(find(&st, 1), buf, size, offset);
+    int res = add(find(&st, born, 1), buf, size, offset);
     pthread_mutex_unlock(&lock);
     return res ? res : (int)size;
 }
 
 static int nc_truncate(const char *path, off_t size, struct fuse_file_info *fi) {
-    int res = fi ? ftruncate((int)fi->fh, size) : -1;
-    if (!fi) {
-        int fd = openat(backing, rel(path), O_WRONLY);
-        if (fd < 0) return -errno;
-        res = ftruncate(fd, size);
-        if (res == 0) {
-            struct stat st;
-            fstat(fd, &st);
-            pthread_mutex_lock(&lock);
-            struct dirty *d = find(&st, 0);
-            if (d) cut(d, size);
-            pthread_mutex_unlock(&lock);
-        }
-        close(fd);
-        return res < 0 ? -errno : 0;
-    }
-    if (res < 0) return -errno;
-    struct stat st;
-    fstat((int)fi->fh, &st);
-    pthread_mutex_lock(&lock);
-    struct dirty *d = find(&st, 0);
-    if (d) cut(d, size);
-    pthread_mutex_unlock(&lock);
-    return 0;
+    int fd = fi ? (int)fi->fh : openat(backing, rel(path), O_WRONLY);
+    if (fd < 0) return -errno;
+    int res = ftruncate(fd, size) < 0 ? -errno : 0;
+    if (res == 0) cut_open(fd, size);
+    if (!fi) close(fd);
+    return res;
 }
 
 static int nc_fsync(const char *path, int datasync, struct fuse_file_info *fi) {
@@ -339,16 +350,22 @@ static int nc_release(const char *path, struct fuse_file_info *fi) {
     return 0;
 }
 
+/* The file path names is about to lose that name: if it was its last link, forget its
+ * dirty bytes (st and born were read before the unlink or rename). */
+static void forget(const struct stat *st, struct timespec born) {
+    if (!S_ISREG(st->st_mode) || st->st_nlink > 1) return;
+    pthread_mutex_lock(&lock);
+    struct dirty *d = find(st, born, 0);
+    if (d) drop(d);
+    pthread_mutex_unlock(&lock);
+}
+
 static int nc_unlink(const char *path) {
     struct stat st;
     int known = fstatat(backing, rel(path), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    struct timespec born = birth(-1, path);
     if (unlinkat(backing, rel(path), 0) < 0) return -errno;
-    if (known && S_ISREG(st.st_mode) && st.st_nlink <= 1) {
-        pthread_mutex_lock(&lock);
-        struct dirty *d = find(&st, 0);
-        if (d) drop(d);
-        pthread_mutex_unlock(&lock);
-    }
+    if (known) forget(&st, born);
     return 0;
 }
 
@@ -358,13 +375,9 @@ static int nc_rmdir(const char *path) { return unlinkat(backing, rel(path), AT_R
 static int nc_rename(const char *from, const char *to, unsigned int flags) {
     struct stat st;
     int replaced = (flags & RENAME_EXCHANGE) == 0 && fstatat(backing, rel(to), &st, AT_SYMLINK_NOFOLLOW) == 0;
+    struct timespec born = birth(-1, to);
     if (renameat2(backing, rel(from), backing, rel(to), flags) < 0) return -errno;
-    if (replaced && S_ISREG(st.st_mode) && st.st_nlink <= 1) {
-        pthread_mutex_lock(&lock);
-        struct dirty *d = find(&st, 0);
-        if (d) drop(d);
-        pthread_mutex_unlock(&lock);
-    }
+    if (replaced) forget(&st, born);
     return 0;
 }
 
