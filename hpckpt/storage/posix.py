@@ -19,7 +19,7 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
   smallest tolerance of the matching patterns); their checksums are of the
   reconstruction a restore gives back.
 
-Every rank writes its own segment with ``pwrite`` (and fsyncs it); no two ranks write
+Every rank writes its own segment with ``pwrite`` (the sync phase fsyncs it); no two ranks write
 the same byte. A file already in the step directory (recycled from a deleted step by
 retention) is overwritten in place, not truncated, and cut to its new size after: its
 disk blocks are reused instead of freed and allocated again. Reads use ``preadv``
