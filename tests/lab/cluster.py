@@ -12,7 +12,7 @@ MPICH's ``mpiexec -launcher-exec``, Open MPI's ``--mca plm_rsh_agent``. MPI traf
 goes over loopback (MPICH, UCX over TCP) or the machine's own address (Open MPI's
 out-of-band channel refuses loopback alone); nothing leaves the machine.
 
-Faults: :meth:`Lab.kill_rank` (SIGKILL), :meth:`Lab.stop_rank` (SIGSTOP),
+Faults: :meth:`Job.kill_rank` (SIGKILL), :meth:`Job.stop_rank` (SIGSTOP),
 :meth:`Lab.lose_node` (every process of the node, its ``/dev/shm`` and its unsynced
 writes; a fresh node of the same name replaces it), :meth:`Lab.power_loss` (every
 node). A job can stop one of its ranks at a named save/restore point
@@ -74,13 +74,14 @@ class Event:
 class Node:
     """One simulated node: an ``unshare`` process tree (see the module docstring)."""
 
-    def __init__(self, lab: Lab, name: str) -> None:
+    def __init__(self, lab: Lab, index: int) -> None:
         self.lab = lab
-        self.name = name
+        self.index = index
+        self.name = name = f"node{index}"
         self.tmp = lab.root / "nodes" / f"{name}.tmp"  # the node's TMPDIR (see nodeexec)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
-        self.first_pid = first_pid = 100000 * (len(lab.nodes) + 1)  # distinct process ids on every node
+        self.first_pid = first_pid = 100000 * index  # distinct process ids on every node, kept by a replacement
         script = (
             f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
             f"echo {first_pid} > /proc/sys/kernel/ns_last_pid && "
@@ -168,7 +169,8 @@ class Lab:
         self._jobs = 0
         try:
             for index in range(1, nodes + 1):
-                self.nodes[f"node{index}"] = Node(self, f"node{index}")
+                node = Node(self, index)
+                self.nodes[node.name] = node
         except BaseException:
             self.close()
             raise
@@ -202,13 +204,12 @@ class Lab:
             *flags, *command,
         ]  # fmt: skip
 
-    def mpiexec(self, command: list[str], ranks_per_node: int = 2, nodes: list[str] | None = None) -> list[str]:
+    def mpiexec(self, command: list[str], ranks_per_node: int = 2) -> list[str]:
         """An MPICH ``mpiexec`` command line running ``command`` across the nodes."""
-        names = nodes or list(self.nodes)
-        hosts = ",".join(f"{name}:{ranks_per_node}" for name in names)
+        hosts = ",".join(f"{name}:{ranks_per_node}" for name in self.nodes)
         return [
             "mpiexec", "-launcher", "ssh", "-launcher-exec", str(NODEEXEC), "-hosts", hosts,
-            "-n", str(ranks_per_node * len(names)),
+            "-n", str(ranks_per_node * len(self.nodes)),
             "-genv", "UCX_TLS", "tcp", "-genv", "UCX_NET_DEVICES", "lo", "-genv", "LD_PRELOAD", str(UCX_NO_DISCONNECT),
             *command,
         ]  # fmt: skip
@@ -255,7 +256,7 @@ class Lab:
         self.events.append(Event("node loss", name, rank, point))
         self.nodes[name].destroy()
         if replace:
-            self.nodes[name] = Node(self, name)
+            self.nodes[name] = Node(self, self.nodes[name].index)
 
     def power_loss(self, *, rank: int | None = None, point: str | None = None) -> None:
         """Every node loses power at once; all come back empty."""
@@ -263,7 +264,7 @@ class Lab:
         for node in self.nodes.values():
             node.destroy()
         for name in list(self.nodes):
-            self.nodes[name] = Node(self, name)
+            self.nodes[name] = Node(self, self.nodes[name].index)
 
 
 @dataclass
@@ -317,19 +318,6 @@ class Job:
                 continue
             found[int(rank_text)] = Rank(int(rank_text), pid, node)
         return found
-
-    def wait_ranks(self, count: int, timeout: float = 30) -> dict[int, Rank]:
-        """Wait until ``count`` ranks run; them, by rank."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ranks = self.ranks()
-            if len(ranks) >= count:
-                return ranks
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.kill()
-        raise LabError(f"job {self.job_id}: {count} ranks did not start within {timeout} s:\n{self.stderr[-3000:]}")
 
     def wait_stopped(self, timeout: float = 40) -> Rank:
         """Wait until a rank of this job has stopped itself (a ``stop`` fault); that rank."""

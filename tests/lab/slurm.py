@@ -9,8 +9,6 @@ files (``%n`` in ``slurm.conf``). A lost node takes its slurmd with it; after
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 from pathlib import Path
 
@@ -54,21 +52,18 @@ class LabSlurm(SlurmCluster):
         (self.root / "spool" / name).mkdir(parents=True, exist_ok=True)
         self.lab.nodes[name].run(["/usr/sbin/slurmd", "-N", name, "-f", str(self.conf)], check=True, env=self.env)
 
-    def idle_nodes(self) -> list[str]:
-        listing = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env).stdout
-        return [line.split()[0] for line in listing.splitlines() if line.split()[1:] == ["idle"]]
-
     def _ready(self) -> bool:
-        return sorted(self.idle_nodes()) == sorted(self.lab.nodes)
+        """Whether every lab node is idle (ready for jobs)."""
+        listing = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env).stdout
+        idle = [line.split()[0] for line in listing.splitlines() if line.split()[1:] == ["idle"]]
+        return sorted(idle) == sorted(self.lab.nodes)
 
     def stop(self) -> None:
-        for name in self.lab.nodes:
-            _kill(self.root / f"slurmd-{name}.pid")
+        """Stop every node's slurmd inside its node, then slurmctld (and munged if started here).
+
+        Not by the slurmd pid files: they hold process ids of the nodes' PID namespaces,
+        which on the host may name unrelated processes.
+        """
+        for node in self.lab.nodes.values():
+            node.run(["pkill", "-KILL", "-x", "slurmd"], capture_output=True)
         super().stop()
-
-
-def _kill(pid_file: Path) -> None:
-    try:
-        os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
-    except (OSError, ValueError, IndexError):
-        pass
