@@ -94,9 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = commands.add_parser("gc", help="remove incomplete steps and old ones", description="Delete leftovers of "
                              "crashed or interrupted saves (*.tmp, *.deleting, *.replaced) and all but the newest "
-                             "KEEP committed steps. Do not run it while a job is saving into DIRECTORY.")
+                             "KEEP committed steps. It takes the directory's lock first and refuses, naming the holder, "
+                             "while a job has it open.")
     gc.add_argument("directory")
     gc.add_argument("--keep", type=_positive_int, required=True, help="committed steps to keep (>= 1)")
+    gc.add_argument("--force", action="store_true", help="delete even while another process holds the lock "
+                    "(only when that job is known to be gone, e.g. a hung node whose lock outlives it)")
     gc.set_defaults(handler=_gc)
     return parser
 
@@ -274,9 +277,22 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
+    from .errors import InvalidStateError
+    from .storage.lock import RunLock
+
     reader = _reader(args.directory)
-    leftovers = [entry for entry in reader.entries() if entry.path.suffix in (".tmp", ".deleting", ".replaced")]
-    deleted = reader.run_dir.retain(args.keep)
+    lock = RunLock(reader.run_dir.root)
+    try:
+        lock.acquire()
+    except InvalidStateError as exc:
+        if not args.force:
+            raise InvalidStateError(f"{exc.args[0]}; not deleting anything (--force deletes anyway)") from None
+        print(f"hpckpt gc: warning: {exc.args[0]}; deleting anyway (--force)", file=sys.stderr)
+    try:
+        leftovers = [entry for entry in reader.entries() if entry.path.suffix in (".tmp", ".deleting", ".replaced")]
+        deleted = reader.run_dir.retain(args.keep)
+    finally:
+        lock.release()
     for entry in leftovers:
         print(f"removed incomplete {entry.path}")
     for step in deleted:

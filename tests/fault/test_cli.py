@@ -228,3 +228,25 @@ def test_inspect_names_each_blocks_codec(tmp_path):
     leaves = {leaf["path"]: leaf for leaf in json.loads(cli("inspect", run_dir, "--json").stdout)["leaves"]}
     assert [block["codec"] for block in leaves["solver/x"]["blocks"]] == ["zfp"]
     assert cli("verify", run_dir).returncode == 0
+
+
+def test_gc_refuses_a_directory_a_live_job_holds_unless_forced(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(heat_command(2, run_dir, "--keep", "5", iters=60)).returncode == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from hpckpt.storage.lock import RunLock; "
+         "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); sys.stdin.read()", str(run_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        refused = cli("gc", run_dir, "--keep", "1")
+        assert refused.returncode == 2
+        assert f"in use by another job (host {os.uname().nodename} pid {holder.pid} " in refused.stderr
+        assert "not deleting anything (--force deletes anyway)" in refused.stderr
+        assert len(list(run_dir.glob("step-*"))) == 5
+        forced = cli("gc", run_dir, "--keep", "1", "--force")
+        assert forced.returncode == 0 and "deleting anyway (--force)" in forced.stderr
+        assert [p.name for p in run_dir.glob("step-*")] == ["step-00000050"]
+    finally:
+        holder.communicate("", timeout=10)
