@@ -6,7 +6,10 @@ pieces of 256 MiB (Blosc2 takes at most 2 GiB at once); the stored bytes are a
 little-endian uint64 count of pieces, their compressed sizes, then the pieces.
 
 ``"zfp"`` (lossy, error-bounded): ZFP in fixed-accuracy mode through ``zfpy``: every
-restored value is within the given absolute tolerance of the saved one. For float32
+restored value is within the given absolute tolerance of the saved one. The save
+decodes each block and compares it with the original (:func:`within_tolerance`): a
+block ZFP cannot bound (NaN, infinities, values too large for the tolerance) is stored
+losslessly instead. For float32
 and float64 blocks of 1 to 4 dimensions; the stored bytes are the xxh3_64 of the ZFP
 stream (8 bytes, little-endian) and the stream, checked before ZFP parses it.
 
@@ -114,6 +117,21 @@ def check_lossy(tolerances: Mapping[str, float] | None) -> dict[str, float]:
 def lossy_applies(array: np.ndarray) -> bool:
     """Whether ZFP can store ``array``: float32 or float64, 1 to 4 dimensions, not empty."""
     return array.dtype in (np.float32, np.float64) and array.dtype.isnative and 1 <= array.ndim <= 4 and array.size > 0
+
+
+def within_tolerance(restored: np.ndarray, array: np.ndarray, tolerance: float) -> bool:
+    """Whether every value of ``restored`` is within ``tolerance`` of ``array``'s.
+
+    False where either holds a NaN or an infinity. Compared in float64, in pieces, so the
+    check needs little memory beyond the two arrays.
+    """
+    flat_restored, flat_array = restored.reshape(-1), array.reshape(-1)
+    step = _PIECE // 8
+    for start in range(0, flat_array.size, step):
+        error = np.abs(np.subtract(flat_restored[start : start + step], flat_array[start : start + step], dtype=np.float64))
+        if not (error <= tolerance).all():  # a NaN compares False
+            return False
+    return True
 
 
 def encode_lossy(array: np.ndarray, tolerance: float) -> np.ndarray:

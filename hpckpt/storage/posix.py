@@ -93,11 +93,13 @@ class PosixBackend:
         """How ``array`` (a block of leaf ``path``) is stored. Not collective."""
         tolerances = [tolerance for pattern, tolerance in self.lossy.items() if fnmatchcase(path, pattern)]
         if tolerances and codec.lossy_applies(array):
-            stored = codec.encode_lossy(array, min(tolerances))
+            tolerance = min(tolerances)
+            stored = codec.encode_lossy(array, tolerance)
             if stored.nbytes < array.nbytes:  # else (noise, tiny arrays) store it losslessly
                 restored = np.empty_like(array)
                 codec.decode_lossy(stored, restored)
-                return Encoded(stored, codec.LOSSY_CODEC, restored)
+                if codec.within_tolerance(restored, array, tolerance):  # else (NaN, Inf, huge values) losslessly
+                    return Encoded(stored, codec.LOSSY_CODEC, restored)
         if self.compression:
             return Encoded(codec.encode(array), self.compression, array)
         return Encoded(array, None, array)

@@ -111,3 +111,31 @@ def test_lossy_applies_to_float_arrays_of_one_to_four_dimensions_only():
 def test_lossy_tolerances_must_be_positive_numbers(tolerance):
     with pytest.raises(ValueError, match=r"lossy tolerance of 'u/\*' must be a positive number"):
         codec.check_lossy({"u/*": tolerance})
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf, 1e300])
+def test_a_block_zfp_cannot_bound_is_stored_losslessly(special):
+    """NaN came back as -0.5, Inf as -2.0, and one 1e300 pushed its neighbours' error to 0.17."""
+    pytest.importorskip("zfpy")
+    from hpckpt.storage.posix import PosixBackend
+
+    field = np.sin(np.linspace(0, 3, 4096))
+    field[100] = special
+    backend = PosixBackend(lossy={"u": 1e-7})
+    encoded = backend.encode("u", field)
+    assert encoded.codec is None and encoded.restored is field
+    raw = codec.encode_lossy(field, 1e-7)  # what ZFP alone gives back breaks the bound
+    restored = np.empty_like(field)
+    codec.decode_lossy(raw, restored)
+    assert not codec.within_tolerance(restored, field, 1e-7)
+
+
+def test_a_bounded_block_stays_lossy_and_within_its_tolerance():
+    pytest.importorskip("zfpy")
+    from hpckpt.storage.posix import PosixBackend
+
+    field = np.sin(np.linspace(0, 3, 4096))
+    encoded = PosixBackend(lossy={"u": 1e-7}).encode("u", field)
+    assert encoded.codec == codec.LOSSY_CODEC and encoded.stored.nbytes < field.nbytes
+    assert codec.within_tolerance(encoded.restored, field, 1e-7)
+    assert np.abs(encoded.restored - field).max() <= 1e-7
