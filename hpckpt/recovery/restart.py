@@ -4,8 +4,10 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`):
 
 1. ``list``: rank 0 lists the committed steps; everyone gets the list.
 2. ``match``: each rank flattens its tree; per step, rank 0 reads the manifest and
-   every rank compares its tree with it. Differences from every rank are merged
-   into one :class:`~hpckpt.errors.StateMismatchError`, raised on every rank.
+   every rank compares its tree with it. A step that differs (a damaged manifest, or
+   a tree that changed since) is passed over with a warning; when no step matches,
+   the newest one's differences from every rank are merged into one
+   :class:`~hpckpt.errors.StateMismatchError`, raised on every rank.
 3. ``files``: rank 0 checks that every file of the step has its committed size (a
    truncated file is refused before any I/O library reads it: ADIOS2 2.12 waits
    forever on a cut data file).
@@ -21,6 +23,7 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`):
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -37,7 +40,7 @@ from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMis
 from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.boxes import Box, intersection, local_slices
 from ..model.delta import home_step
-from ..model.manifest import Block, LeafRecord, Manifest, describe_encoding
+from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
@@ -91,7 +94,8 @@ def restore_newest(
     Raises
     ------
     StateMismatchError
-        On every rank, when the tree differs from the newest readable step.
+        On every rank, when no step matches the tree and one that was read differs
+        from it (the newest such step's differences).
     CorruptCheckpointError
         On every rank, when no committed step verifies (arrays in ``state`` may then
         hold partial data).
@@ -103,6 +107,7 @@ def restore_newest(
         return None
     slots = run_phase(comm, "restore: flatten", lambda: flatten(state))
     problems: list[str] = []
+    mismatch: StateMismatchError | None = None
     for step in reversed(steps):
         source = str(run_dir.manifest_path(step))
         text = gather_phase(comm, f"restore step {step}: manifest", lambda: _read_text(run_dir, step, comm.rank))[0]
@@ -114,10 +119,15 @@ def restore_newest(
             problems.append(f"step {step}: {exc}")
             _warn_fallback(step, [str(exc)], steps)
             continue
-        differences = gather_phase(
+        differences = _merged(gather_phase(
             comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, local_from)
-        )
-        _raise_on_differences(step, source, differences)
+        ))  # fmt: skip
+        if differences:  # damage, or the user's tree changed: fatal only if no older step matches
+            mismatch = mismatch or _mismatch_error(step, source, differences)
+            problems.append(f"step {step}: does not match the state: {differences[0]}")
+            if step > steps[0]:  # else the StateMismatchError below says it all
+                _warn_fallback(step, differences, steps, what=f"({source}) does not match the state")
+            continue
         damaged = gather_phase(
             comm, f"restore step {step}: files",
             lambda: run_dir.damaged_files(manifest) if comm.rank == 0 else [],
@@ -134,9 +144,7 @@ def restore_newest(
             f"restore step {step}: read",
             lambda: _read_and_verify(_backend_of(manifest, backend), run_dir, step, pieces, comm.rank),
         )
-        findings: list[str] = []
-        for rank_findings in corrupt:
-            findings += [finding for finding in rank_findings if finding not in findings]
+        findings = _merged(corrupt)
         if findings:
             problems.append(f"step {step}: {findings[0]}")
             _warn_fallback(step, findings, steps)
@@ -154,6 +162,8 @@ def restore_newest(
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])
         return step
+    if mismatch is not None:
+        raise mismatch
     raise CorruptCheckpointError(
         f"no committed step in {run_dir.root} could be restored (arrays in the state may hold partial data): "
         + "; ".join(problems)
@@ -176,11 +186,11 @@ def _read_text(run_dir: RunDirectory, step: int, rank: int) -> str | CorruptChec
         return CorruptCheckpointError(f"{run_dir.manifest_path(step)}: cannot read the manifest: {exc}")
 
 
-def _warn_fallback(step: int, findings: list[str], steps: list[int]) -> None:
+def _warn_fallback(step: int, findings: list[str], steps: list[int], what: str = "is corrupt") -> None:
     older = [s for s in steps if s < step]
     then = f"falling back to step {older[-1]}" if older else "no older committed step is left"
     shown = "; ".join(findings[:5]) + (f"; and {len(findings) - 5} more" if len(findings) > 5 else "")
-    warnings.warn(f"checkpoint step {step} is corrupt ({shown}); {then}", CheckpointFallbackWarning, stacklevel=4)
+    warnings.warn(f"checkpoint step {step} {what} ({shown}); {then}", CheckpointFallbackWarning, stacklevel=4)
 
 
 def _local_source(manifest: Manifest, size: int, rank: int, local_from: LocalSource | None) -> int | None:
@@ -245,11 +255,21 @@ def _differences(
                 f"hpckpt.CheckpointReader(directory).local_blocks({slot.path!r}) (docs/format.md)"
             )
             continue
-        block = record.block_of(rank if source is None else source)
+        try:
+            block = record.block_of(rank if source is None else source)
+        except KeyError as exc:
+            found.append(str(exc.args[0]))
+            continue
         if leaf.shape != block.shape and not getattr(leaf, "resizable", False):
             found.append(
                 f"leaf {slot.path!r} on rank {rank} has shape {leaf.shape} but the checkpoint's block "
                 f"(of rank {block.rank}) has {block.shape}"
+            )
+        elif leaf.shape != block.shape and block.size * np.dtype(record.dtype).itemsize > _allocation_limit(manifest, block):
+            found.append(
+                f"leaf {slot.path!r}: the block of rank {block.rank} declares shape {block.shape} "
+                f"({block.size * np.dtype(record.dtype).itemsize} bytes), more than the step can hold "
+                f"({_allocation_limit(manifest, block)} bytes)"
             )
     paths = {slot.path for slot in slots}
     found += [
@@ -259,14 +279,26 @@ def _differences(
     return found
 
 
-def _raise_on_differences(step: int, source: str, differences: list[list[str]]) -> None:
+def _allocation_limit(manifest: Manifest, block: Block) -> int:
+    """The most bytes a resized leaf's block may take when restored: what the step's files
+    hold, for a block stored uncompressed in them, and never more than this host's memory."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    stored = [size for size in manifest.files.values() if size is not None]
+    if block.location.get("codec") is None and IN_STEP not in block.location and stored:
+        return min(memory, sum(stored))
+    return memory
+
+
+def _merged(per_rank: list[list[str]]) -> list[str]:
+    """Every rank's findings, each once, in rank order."""
     merged: list[str] = []
-    for rank_differences in differences:
-        merged += [d for d in rank_differences if d not in merged]
-    if merged:
-        raise StateMismatchError(
-            f"the state does not match checkpoint step {step} ({source}):\n  " + "\n  ".join(merged)
-        )
+    for findings in per_rank:
+        merged += [finding for finding in findings if finding not in merged]
+    return merged
+
+
+def _mismatch_error(step: int, source: str, differences: list[str]) -> StateMismatchError:
+    return StateMismatchError(f"the state does not match checkpoint step {step} ({source}):\n  " + "\n  ".join(differences))
 
 
 def _plan_reads(

@@ -202,15 +202,40 @@ class HDF5Backend:
         """Fill each request's ``array`` from ``data.h5``. Independent (not collective)."""
         if not requests:
             return
-        with self._h5py.File(directory / FILE_NAME, "r") as h5:
+        path = directory / FILE_NAME
+        file_size = path.stat().st_size
+        with self._h5py.File(path, "r") as h5:
             for request in requests:
                 record, block = request.record, request.block
                 name = _dataset_name(record, block.rank)
                 expected = block.shape if record.kind == "local" else record.global_shape
                 dataset_id = _open(h5, name)
-                if dataset_id.shape != expected:
-                    raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected {expected}")
+                _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size)
                 _read_box(dataset_id, block.offset if record.kind != "local" else (0,) * len(expected), request.array)
+
+
+def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int) -> None:
+    """Refuse (KeyError, saying what differs) a dataset whose shape, dtype or storage is not
+    what the manifest declares, before HDF5 reads it: the file has no metadata checksums,
+    and a damaged datatype or extent could make the read allocate or convert gigabytes."""
+    from h5py import h5d
+
+    if dataset_id.shape != shape:
+        raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected {shape}")
+    if dataset_id.dtype != dtype:
+        raise KeyError(f"dataset {name} has dtype {dataset_id.dtype}, expected {dtype}")
+    layout = dataset_id.get_create_plist().get_layout()
+    stored = dataset_id.get_storage_size()
+    if layout == h5d.CONTIGUOUS:
+        offset = dataset_id.get_offset()
+        if offset is not None and (stored != math.prod(shape) * dtype.itemsize or offset + stored > file_size):
+            raise KeyError(
+                f"dataset {name} claims {stored} bytes at offset {offset}; expected "
+                f"{math.prod(shape) * dtype.itemsize} bytes inside the file's {file_size}"
+            )
+    elif layout != h5d.CHUNKED or stored > file_size:
+        raise KeyError(f"dataset {name} has layout {layout} with {stored} bytes stored; hpckpt writes contiguous "
+                       f"datasets (chunked ones for partial arrays) inside the file's {file_size} bytes")
 
 
 def _partial(record: LeafRecord) -> bool:
