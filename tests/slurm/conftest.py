@@ -39,6 +39,7 @@ class Job:
     prefix: str
     released: int = 0
     states: list[str] = field(default_factory=list)
+    _held_since: float | None = None  # when a requeued run was first seen held (wall clock)
 
     def scontrol(self, *args: str) -> str:
         result = subprocess.run(["scontrol", *args], capture_output=True, text=True, env=self.cluster.env)
@@ -72,13 +73,26 @@ class Job:
                 self.states.append(fields["JobState"])
             if predicate(fields):
                 return fields
-            if fields["JobState"] == "PENDING" and fields.get("Reason") == "BeginTime" and not self.steps_alive():
+            held = fields["JobState"] == "PENDING" and fields.get("Reason") == "BeginTime"
+            if not held:
+                self._held_since = None
+            elif self._held_since is None:
+                self._held_since = time.time()
+            elif self._releasable() and not self.steps_alive():
                 # Slurm holds a requeued job for about two minutes; start it now that the
                 # previous run's steps are gone (an immediate restart can meet their leftovers).
                 self.scontrol("update", f"JobId={self.job_id}", "StartTime=now")
                 self.released += 1
+                self._held_since = None
             time.sleep(0.2)
         raise AssertionError(f"not {what} after {timeout:g} s: {self.report()}")
+
+    def _releasable(self) -> bool:
+        """Whether the held job may start: slurmd refuses ("Job N already killed, do not
+        launch batch job", exit 1 at once) a credential created in the same second as, or
+        before, the revocation of the previous run's (whole seconds, ``ctime <= revoked``);
+        that revocation came before Slurm showed the hold, so wait for the next second."""
+        return self._held_since is not None and int(time.time()) > int(self._held_since)
 
     def wait_completed(self, timeout: float = 50) -> dict[str, str]:
         """Wait for COMPLETED, the one final state a requeued job never passes through."""
@@ -96,11 +110,13 @@ class Job:
 
     def report(self) -> str:
         """The job's states as seen, its fields now, and the ends of its output files."""
-        log = self.cluster.root / "log" / "slurmctld.log"
-        mentions = [line for line in log.read_text().splitlines() if f"JobId={self.job_id} " in line + " "]
+        logs = self.cluster.root / "log"
+        mentions = [line for line in (logs / "slurmctld.log").read_text().splitlines() if f"JobId={self.job_id} " in line + " "]
+        mentions += [line for path in sorted(logs.glob("slurmd*.log")) for line in path.read_text().splitlines()
+                     if f"Job {self.job_id} " in line or f"job {self.job_id} " in line]  # fmt: skip
         return (f"job {self.job_id}: states {self.states}, released {self.released} times; now {self.show()}\n"
                 f"stdout:\n{self.stdout[-2000:]}\nstderr:\n{self.stderr[-3000:]}\n"
-                "slurmctld.log:\n" + "\n".join(mentions[-30:]))
+                "slurmctld.log and slurmd logs:\n" + "\n".join(mentions[-40:]))
 
     def heat_done(self) -> tuple[str, str]:
         """The (resumed_from, checksum) of the job's last ``heat: done`` line, which ends stdout."""
