@@ -4,7 +4,16 @@
 buffers (reused from save to save while shapes and dtypes stay the same) and queues the
 copy. One worker thread per :class:`BackgroundSaver` runs the queued saves in order,
 over a communicator of its own, so the application's MPI traffic and hpckpt's
-collective I/O never wait on each other. At most ``max_in_flight`` saves are queued or
+collective I/O never wait on each other.
+
+No deadlock with the application's thread, by construction: the worker never blocks
+waiting on another rank while it holds the GIL. Its MPI calls are mpi4py's, which
+release the GIL (the one that would not, the first pickled collective's context
+duplication, is made here at creation), and the backends' collective I/O releases it
+too: hdf5 writes with ``pwrite`` after a broadcast, ADIOS2 is called through its C API
+(:mod:`hpckpt.storage.adios2_writer`), posix writes its own files. An application
+thread that waits in MPI holding the GIL (mpi4py does while duplicating a context) can
+therefore only delay the worker, never stop its peers' workers from finishing. At most ``max_in_flight`` saves are queued or
 running; a further save waits for a buffer set, so the extra memory is at most
 ``max_in_flight`` copies of the state.
 
@@ -99,6 +108,9 @@ class BackgroundSaver:
                 "this process has a lower thread level: do not set mpi4py.rc.thread_level lower"
             )
         self.comm = comm.Dup()
+        # mpi4py duplicates a context for its pickled collectives at their first call, with
+        # the GIL held: done here, on the application thread, never in the worker.
+        self.comm.allreduce(0)
         self._buffer_sets: queue.Queue[dict[str, np.ndarray]] = queue.Queue()
         for _ in range(max_in_flight):
             self._buffer_sets.put({})

@@ -14,7 +14,7 @@ Layout of ``data.bp`` (readable with plain ``adios2.FileReader``):
   ``"encoding": "bytes"``;
 - each variable has the attribute ``hpckpt_kind``.
 
-Writes go through ``ADIOS(comm)`` with the engine parameters of the backend. The
+Writes go through ADIOS2's C API with the engine parameters of the backend. The
 defaults (:data:`DEFAULT_PARAMETERS`) make every rank write its own subfile
 (``AggregationType=EveryoneWrites``): on one node that is twice as fast as BP5's
 default shared-memory aggregation into one file (docs/performance.md). At thousands of
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..model.manifest import Block, LeafRecord
+from .adios2_writer import BP5Step
 from .base import BlockData
 
 if TYPE_CHECKING:
@@ -140,38 +141,24 @@ class ADIOS2Backend:
     ) -> list[str]:
         """Put every non-empty block in one BP5 step and close it. Collective over ``comm``.
 
+        Through ADIOS2's C API (:mod:`hpckpt.storage.adios2_writer`), which releases the
+        GIL in every call, so a save in a background thread cannot deadlock with the
+        application's own MPI calls.
+
         A process writing several blocks of one local leaf (``hpckpt convert``) must
         pass them in rank order, so block ids match the layout.
         """
-        bindings = self._adios2
         root = directory / DIRECTORY_NAME
         # A data.bp/ recycled from a deleted step is written into: BP5 truncates and reuses
         # the files it writes again (far cheaper here than new files while old ones are
         # freed) and removes the others (tests/mpi/test_conformance.py checks both).
-        adios = bindings.ADIOS(comm)
-        io = adios.DeclareIO("hpckpt-write")
-        io.SetEngine(self.engine)
-        io.SetParameters(self.parameters)
-        engine = io.Open(str(directory / DIRECTORY_NAME), bindings.Mode.Write)
-        engine.BeginStep()
-        variables: dict[str, Any] = {}
+        step = BP5Step(comm, root, self.engine, self.parameters)
         for data in blocks:
-            record = data.record
-            if data.block.size == 0:
-                continue
-            stored = _stored_view(data.array, record.location.get("encoding") == "bytes")
-            shape, start, count = _selection(record, data.block)
-            variable = variables.get(record.path)
-            if variable is None:
-                variable = io.DefineVariable(record.path, stored, shape, start, count, False)
-                io.DefineAttribute("hpckpt_kind", record.kind, record.path, "/")
-                variables[record.path] = variable
-            else:
-                variable.SetSelection([start, count])
-            engine.Put(variable, stored, bindings.Mode.Sync)
-        engine.EndStep()
-        engine.Close()
-        adios.RemoveAllIOs()
+            if data.block.size:
+                record = data.record
+                stored = _stored_view(data.array, record.location.get("encoding") == "bytes")
+                step.put(record.path, record.kind, stored, *_selection(record, data.block))
+        step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:

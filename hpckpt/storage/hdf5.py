@@ -1,16 +1,18 @@
-"""Parallel HDF5 backend: one file per step, written collectively through h5py's mpio driver.
+"""HDF5 backend: one file per step, laid out by rank 0 with h5py, its data written by every rank.
 
 Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
 
 - a distributed or replicated leaf ``a/b`` is the dataset ``/a/b`` holding the whole
-  global array; each rank writes its hyperslab with collective I/O;
+  global array, contiguous; each rank writes its hyperslab's bytes at the dataset's file
+  offset with ``pwrite`` (rank 0 creates the file and the datasets first);
 - a local leaf ``a/b`` is the group ``/a/b`` with one dataset per rank, ``rank-00003``;
 - every dataset (or local group) has the attribute ``hpckpt_kind``.
 
 A ``data.h5`` already in the step directory (recycled by retention from the deleted
 step) whose datasets are exactly those of the new step (same paths, shapes, dtypes,
-contiguous) is opened ``r+`` and written over in place: no blocks are freed and
-allocated again. Any other file is truncated and created anew.
+contiguous) is written over in place at the same offsets: no blocks are freed and
+allocated again. Any other file is truncated and created anew. h5py need not be built
+with MPI: no HDF5 call is collective.
 
 Restore reads with independent I/O through the default driver, so a rank that fails
 while reading cannot leave the others waiting in a collective call.
@@ -21,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..model.manifest import LeafRecord
+from ..model.manifest import Block, LeafRecord
 from .base import BlockData
 
 if TYPE_CHECKING:
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 
 FILE_NAME = "data.h5"
 LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in the file
+PER_RANK = "per_rank"  # block location key: the block is a dataset of its own
 
 
 def _h5py() -> Any:
@@ -42,11 +46,6 @@ def _h5py() -> Any:
         import h5py
     except ImportError as exc:
         raise ImportError("the hdf5 backend needs h5py; run `make install` or `pip install h5py`") from exc
-    if not h5py.get_config().mpi:
-        raise ImportError(
-            "the hdf5 backend needs h5py built with MPI (h5py.get_config().mpi is False); "
-            "rebuild it with CC=mpicc HDF5_MPI=ON (see docs/install.md)"
-        )
     return h5py
 
 
@@ -61,8 +60,9 @@ class HDF5Backend:
     Parameters
     ----------
     hints
-        MPI-IO hints for the files written in parallel (``cb_nodes``,
-        ``romio_cb_write``, ``striping_factor``, ``striping_unit``, ...), as strings.
+        File-system hints, as strings: ``striping_unit`` sets the default alignment
+        (the data bypasses MPI-IO, so ROMIO hints such as ``cb_nodes`` have no effect;
+        the step directory's striping, see :mod:`hpckpt.storage.lustre`, applies).
     alignment
         Align every dataset of ``alignment_threshold`` bytes or more to a multiple of
         this many bytes (the stripe size on Lustre). Default: ``hints["striping_unit"]``
@@ -89,81 +89,72 @@ class HDF5Backend:
                 raise ValueError(f"hdf5 backend: {name} must be an integer >= 1, got {value!r}")
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
 
-    def _file_options(self, comm: MPI.Comm) -> dict[str, Any]:
-        """h5py.File keywords: the mpio driver with the hints (several ranks), and alignment."""
-        options: dict[str, Any] = {}
-        if comm.size > 1:  # one process writes through the default POSIX driver
-            from mpi4py import MPI
-
-            info = MPI.Info.Create()
-            for key, value in self.hints.items():
-                info.Set(key, value)
-            options.update(driver="mpio", comm=comm, info=info)
-        if self.alignment:
-            options.update(alignment_threshold=self.alignment_threshold, alignment_interval=self.alignment)
-        return options
-
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
         return tuple(  # direct construction: dataclasses.replace costs 5 us a call
-            LeafRecord(r.path, r.kind, r.dtype, r.global_shape, r.blocks, {"file": FILE_NAME, "dataset": f"/{r.path}"}, r.encoding)
+            LeafRecord(r.path, r.kind, r.dtype, r.global_shape, _marked_blocks(r), {"file": FILE_NAME, "dataset": f"/{r.path}"},
+                       r.encoding)
             for r in records
         )
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
     ) -> list[str]:
-        """Create every dataset collectively, then write ``blocks``.
+        """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
-        Collective over ``comm``: every rank passes the same ``records``. Distributed
-        blocks are written with collective hyperslab I/O, one call per block, so with
-        several ranks each passes exactly its own block of each distributed leaf
-        (empty boxes take part with an empty selection). Replicated and local blocks
-        are written independently.
+        Collective over ``comm`` (one broadcast): every rank passes the same ``records``.
+        Rank 0 creates the file and every dataset with serial HDF5, contiguous and
+        allocated at once (or reuses a recycled file of the same layout), and sends each
+        dataset's file offset; each rank then writes the C-order runs of its blocks at
+        those offsets with ``os.pwrite``: no HDF5, no MPI and no GIL in the data path, so
+        a save in a background thread cannot deadlock with the application's MPI calls.
         """
-        digest = _layout_digest(records)
-        h5, reused = self._open_for_write(directory / FILE_NAME, digest, comm)
-        with h5:
-            h5.attrs["hpckpt_format"] = "hpckpt"
-            created: dict[str, Any] = {}
-            if not reused:
-                for record in records:
-                    created.update(self._create(h5, record))
-                if digest is not None:  # every dataset exists: a recycled copy may be written in place
-                    h5.attrs[LAYOUT_ATTRIBUTE] = digest
+        path = directory / FILE_NAME
+        failure: str | None = None
+        offsets: dict[str, int | None] | None = None
+        error: Exception | None = None
+        if comm.rank == 0:
+            try:
+                offsets = self._lay_out_file(path, records)
+            except Exception as exc:  # noqa: BLE001 - sent to every rank, raised below
+                failure, error = f"{type(exc).__name__}: {exc}", exc
+        offsets, failure = comm.bcast((offsets, failure), root=0)
+        if error is not None:
+            raise error
+        if failure is not None:
+            raise OSError(f"rank 0 could not lay out {path}: {failure}")
+        descriptor = os.open(path, os.O_WRONLY)
+        try:
             for data in blocks:
-                record, block = data.record, data.block
-                if record.kind == "distributed" and 0 in record.global_shape:
-                    continue  # an empty dataset: nothing to write, on every rank alike
-                if record.kind != "distributed" and block.size == 0:
-                    continue
-                name = _dataset_name(record, block.rank)
-                dataset_id = _open(h5, name) if reused else created[name]  # a rank opens only its own
-                if record.kind == "local":
-                    _write_box(dataset_id, (0,) * data.array.ndim, data.array, collective=False)
-                else:
-                    collective = record.kind == "distributed" and comm.size > 1
-                    _write_box(dataset_id, block.offset, data.array, collective=collective)
+                if data.block.size:
+                    _write_runs(descriptor, data, offsets[_dataset_name(data.record, data.block)])
+        finally:
+            os.close(descriptor)
         return [FILE_NAME]
 
-    def _open_for_write(self, path: Path, digest: str | None, comm: MPI.Comm) -> tuple[Any, bool]:
-        """The open file, and whether it is a recycled one whose datasets are reused
-        (``digest``: the :func:`_layout_digest` of the records to write).
+    def _lay_out_file(self, path: Path, records: Sequence[LeafRecord]) -> dict[str, int | None]:
+        """Create ``path`` with every dataset of ``records`` (or reuse a recycled file with
+        exactly that layout); each dataset's file offset by name (None: an empty array,
+        which has no storage). Serial (rank 0)."""
+        digest = _layout_digest(records)
+        if self._reusable(path, digest):
+            with self._h5py.File(path, "r") as h5:
+                return {name: _open(h5, name).get_offset() for name in _expected_datasets(records)}
+        options = {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment} if self.alignment else {}
+        with self._h5py.File(path, "w", **options) as h5:
+            h5.attrs["hpckpt_format"] = "hpckpt"
+            created: dict[str, Any] = {}
+            for record in records:
+                created.update(self._create(h5, record))
+            h5.attrs[LAYOUT_ATTRIBUTE] = digest  # a recycled copy of the file may be written in place
+            return {name: dataset_id.get_offset() for name, dataset_id in created.items()}
 
-        Collective over ``comm``: rank 0 alone inspects a recycled file (serially, with
-        the default driver) and broadcasts the decision, so every rank then makes the
-        same single collective open. One process (a rank's own checkpoint, ``hpckpt
-        convert``) uses the default POSIX driver: MPI-IO on COMM_SELF only adds cost.
-        """
-        reuse = comm.bcast(self._reusable(path, digest) if comm.rank == 0 else None, root=0)
-        return self._h5py.File(path, "r+" if reuse else "w", **self._file_options(comm)), reuse
-
-    def _reusable(self, path: Path, digest: str | None) -> bool:
+    def _reusable(self, path: Path, digest: str) -> bool:
         """Whether ``path`` exists and holds exactly the contiguous datasets of the layout
         ``digest`` names: whether hpckpt created it for that layout (its ``hpckpt_layout``
         attribute; reading it costs one attribute, where listing every dataset cost 0.12 ms
         each)."""
-        if digest is None or not path.exists():
+        if not path.exists():
             return False
         try:
             with self._h5py.File(path, "r") as h5:
@@ -172,23 +163,19 @@ class HDF5Backend:
             return False
 
     def _create(self, h5: Any, record: LeafRecord) -> dict[str, Any]:
-        """Create the dataset of ``record`` (a group of one per rank if local); their ids by name."""
-        if record.kind == "local":
+        """Create the dataset of ``record`` (a group of one per rank if local or partial);
+        their ids by name."""
+        dtype = np.dtype(record.dtype)
+        if _in_groups(record):
             group = h5.create_group(record.path)
             group.attrs["hpckpt_kind"] = record.kind
             return {
-                _dataset_name(record, block.rank): group.create_dataset(
-                    local_block_name(block.rank), shape=block.shape, dtype=record.dtype
-                ).id
-                for block in record.blocks
+                _dataset_name(record, block): _new_dataset(group.id, local_block_name(block.rank), block.shape, dtype)
+                for block in _stored_blocks(record)
             }
-        stored = [block.shape for block in record.blocks if block.size]
-        # A partial array (one rank's own checkpoint) is chunked by its box, so the file
-        # holds that box only, not the whole global array.
-        chunks = max(stored, key=math.prod) if _partial(record) and stored else None
-        dataset = h5.create_dataset(record.path, shape=record.global_shape, dtype=record.dtype, chunks=chunks)
-        dataset.attrs["hpckpt_kind"] = record.kind
-        return {_dataset_name(record, 0): dataset.id}
+        dataset_id = _new_dataset(h5.id, record.path, record.global_shape, dtype)
+        self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
+        return {record.location["dataset"]: dataset_id}
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """``data.h5``: every rank writes its hyperslabs into it."""
@@ -207,11 +194,11 @@ class HDF5Backend:
         with self._h5py.File(path, "r") as h5:
             for request in requests:
                 record, block = request.record, request.block
-                name = _dataset_name(record, block.rank)
-                expected = block.shape if record.kind == "local" else record.global_shape
+                name = _dataset_name(record, block)
+                expected = block.shape if _per_rank(record, block) else record.global_shape
                 dataset_id = _open(h5, name)
                 _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size)
-                _read_box(dataset_id, block.offset if record.kind != "local" else (0,) * len(expected), request.array)
+                _read_box(dataset_id, (0,) * len(expected) if _per_rank(record, block) else block.offset, request.array)
 
 
 def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int) -> None:
@@ -233,9 +220,28 @@ def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np
                 f"dataset {name} claims {stored} bytes at offset {offset}; expected "
                 f"{math.prod(shape) * dtype.itemsize} bytes inside the file's {file_size}"
             )
-    elif layout != h5d.CHUNKED or stored > file_size:
+    elif layout != h5d.CHUNKED or stored > file_size:  # chunked: partial arrays of hpckpt before 2026-12
         raise KeyError(f"dataset {name} has layout {layout} with {stored} bytes stored; hpckpt writes contiguous "
-                       f"datasets (chunked ones for partial arrays) inside the file's {file_size} bytes")
+                       f"datasets inside the file's {file_size} bytes")
+
+
+def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
+    """``record``'s blocks; those of a partial distributed array (an incremental step's
+    changed blocks, one rank's own checkpoint) marked ``"per_rank"``: each is a dataset of
+    its own, like a local leaf's, and the file holds no whole array."""
+    if not _partial(record):
+        return record.blocks
+    return tuple(Block(b.rank, b.offset, b.shape, b.checksum, {**b.location, PER_RANK: True}) for b in record.blocks)
+
+
+def _in_groups(record: LeafRecord) -> bool:
+    """Whether a laid-out ``record`` is written as a group of one dataset per rank."""
+    return record.kind == "local" or _partial(record)
+
+
+def _per_rank(record: LeafRecord, block: Block) -> bool:
+    """Whether ``block`` is stored as a dataset of its own (local, or a partial array's)."""
+    return record.kind == "local" or bool(block.location.get(PER_RANK))
 
 
 def _partial(record: LeafRecord) -> bool:
@@ -244,35 +250,35 @@ def _partial(record: LeafRecord) -> bool:
     return record.kind == "distributed" and covered < math.prod(record.global_shape)
 
 
-def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
-    """Each dataset a file of ``records`` holds, with shape and dtype; None if any is chunked."""
+def _stored_blocks(record: LeafRecord) -> Sequence[Block]:
+    """The blocks of a per-rank ``record`` that have a dataset: every rank's of a local
+    leaf, the non-empty ones of a partial array."""
+    return record.blocks if record.kind == "local" else [block for block in record.blocks if block.size]
+
+
+def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Each dataset a file of ``records`` holds, by name, with its shape and dtype."""
     expected = {}
     for record in records:
         dtype = np.dtype(record.dtype)
-        if record.kind == "local":
-            for block in record.blocks:
-                expected[f"{record.path}/{local_block_name(block.rank)}"] = (tuple(block.shape), dtype)
-        elif _partial(record):
-            return None
+        if _in_groups(record):
+            expected.update({_dataset_name(record, b): (tuple(b.shape), dtype) for b in _stored_blocks(record)})
         else:
-            expected[record.path] = (tuple(record.global_shape), dtype)
+            expected[record.location["dataset"]] = (tuple(record.global_shape or ()), dtype)
     return expected
 
 
-def _layout_digest(records: Sequence[LeafRecord]) -> str | None:
-    """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds; None
-    when one is chunked (a partial array), which is never written in place."""
-    expected = _expected_datasets(records)
-    if expected is None:
-        return None
-    listing = sorted((name, list(shape), dtype.str) for name, (shape, dtype) in expected.items())
+def _layout_digest(records: Sequence[LeafRecord]) -> str:
+    """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds."""
+    listing = sorted((name, list(shape), dtype.str) for name, (shape, dtype) in _expected_datasets(records).items())
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def _dataset_name(record: LeafRecord, rank: int) -> str:
-    """The dataset that holds ``rank``'s block of laid-out ``record`` (local leaves: one per rank)."""
+def _dataset_name(record: LeafRecord, block: Block) -> str:
+    """The dataset that holds ``block`` of laid-out ``record``: the whole array's, or the
+    block's own inside the leaf's group (local leaves, partial arrays)."""
     base = record.location["dataset"]
-    return f"{base}/{local_block_name(rank)}" if record.kind == "local" else base
+    return f"{base}/{local_block_name(block.rank)}" if _per_rank(record, block) else base
 
 
 def _open(h5: Any, name: str) -> Any:
@@ -297,14 +303,57 @@ def _selections(dataset_id: Any, offset: tuple[int, ...], shape: tuple[int, ...]
     return memory_space, file_space
 
 
-def _write_box(dataset_id: Any, offset: tuple[int, ...], array: np.ndarray, *, collective: bool) -> None:
-    from h5py import h5fd, h5p
+def _new_dataset(parent_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """Create dataset ``name`` under ``parent_id`` (intermediate groups too): contiguous,
+    its storage allocated now and never filled, so ``get_offset`` gives its bytes' place
+    in the file. The low-level call: h5py's ``create_dataset`` leaves a scalar dataset
+    unallocated."""
+    from h5py import h5d, h5p, h5s, h5t
 
-    transfer = h5p.create(h5p.DATASET_XFER)
-    if collective:
-        transfer.set_dxpl_mpio(h5fd.MPIO_COLLECTIVE)
-    memory_space, file_space = _selections(dataset_id, offset, array.shape)
-    dataset_id.write(memory_space, file_space, array if array.size else np.empty((1,), array.dtype), dxpl=transfer)
+    properties = h5p.create(h5p.DATASET_CREATE)
+    properties.set_layout(h5d.CONTIGUOUS)
+    properties.set_alloc_time(h5d.ALLOC_TIME_EARLY)
+    properties.set_fill_time(h5d.FILL_TIME_NEVER)
+    links = h5p.create(h5p.LINK_CREATE)
+    links.set_create_intermediate_group(True)
+    space = h5s.create(h5s.SCALAR) if not shape else h5s.create_simple(shape)
+    return h5d.create(parent_id, name.encode(), h5t.py_create(dtype, logical=True), space, dcpl=properties, lcpl=links)
+
+
+def file_runs(global_shape: tuple[int, ...], offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Where a box of a C-order array lies in it: the element offsets of its contiguous
+    runs (in the box's own C order) and the elements per run. Pure."""
+    if not shape:
+        return np.zeros(1, dtype=np.int64), 1
+    axis = len(shape) - 1
+    while axis > 0 and shape[axis] == global_shape[axis]:  # whole trailing axes join the runs
+        axis -= 1
+    strides = np.cumprod((1, *global_shape[:0:-1]), dtype=np.int64)[::-1]
+    outer = np.indices(shape[:axis], dtype=np.int64).reshape(axis, -1) if axis else np.zeros((0, 1), np.int64)
+    starts = ((outer + np.array(offset[:axis], dtype=np.int64)[:, None]) * strides[:axis, None]).sum(axis=0)
+    return starts + offset[axis] * strides[axis], int(shape[axis] * strides[axis])
+
+
+def _write_runs(descriptor: int, data: BlockData, dataset_offset: int | None) -> None:
+    """Write ``data``'s bytes into its dataset, whose storage starts at ``dataset_offset``."""
+    record, block = data.record, data.block
+    if dataset_offset is None:
+        raise OSError(f"dataset {_dataset_name(record, block)} has no contiguous storage to write into")
+    itemsize = np.dtype(record.dtype).itemsize
+    raw = memoryview(data.array.reshape(-1).view(np.uint8))
+    if _per_rank(record, block):
+        _pwrite_all(descriptor, raw, dataset_offset)
+        return
+    starts, run = file_runs(record.global_shape, block.offset, block.shape)
+    run_bytes = run * itemsize
+    for index, start in enumerate(starts.tolist()):
+        _pwrite_all(descriptor, raw[index * run_bytes : (index + 1) * run_bytes], dataset_offset + start * itemsize)
+
+
+def _pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(descriptor, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def _read_box(dataset_id: Any, offset: tuple[int, ...], out: np.ndarray) -> None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.heat_output import Finished  # noqa: F401 - imported from here by the fault tests
+from tests.processes import run_group
 
 if shutil.which("mpiexec") is None:
     pytest.skip("mpiexec is not installed (run `make install`)", allow_module_level=True)
@@ -30,9 +30,7 @@ def relaunched(command: list[str], max_restarts: int = 2) -> list[str]:
 
 
 def run(command: list[str], env: dict[str, str] | None = None) -> Finished:
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=JOB_TIMEOUT, env={**os.environ, **(env or {})}
-    )
+    result = run_group(command, timeout=JOB_TIMEOUT, env={**os.environ, **(env or {})})
     return Finished(result.returncode, result.stdout, result.stderr)
 
 
