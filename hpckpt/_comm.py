@@ -1,18 +1,30 @@
-"""Phase-named collectives that agree on success.
+"""Phase-named collectives that agree on success, with a deadline.
 
 Only this module decides collectively whether a phase succeeded: every rank either
 passes the phase or raises the same :class:`~hpckpt.errors.CollectiveError` naming the
 failing ranks. Backends use the communicator for collective I/O, never to agree.
+
+The watchdog: a rank that reaches a phase's agreement tells rank 0 (a message on a
+duplicate of the communicator, made at its first phase) and waits in a non-blocking
+barrier. When the barrier has not completed ``HPCKPT_PHASE_TIMEOUT`` seconds (default
+600; ``0`` turns the watchdog off) after this rank arrived, rank 0 prints which ranks
+have not arrived at which phase, and aborts the job; any other rank that has waited a
+further grace period (rank 0 itself may be the one missing) prints that it still waits
+and aborts the job itself. A stopped, hung or deadlocked rank thus ends the job with a
+message that names it instead of leaving the others waiting forever.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
 
 from .errors import CollectiveError
 
@@ -21,6 +33,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _FORWARD_GRACE = 0.5  # seconds before MPI_Abort, for mpiexec to forward the last output
+TIMEOUT_ENV = "HPCKPT_PHASE_TIMEOUT"
+DEFAULT_PHASE_TIMEOUT = 600.0  # s; the slowest phase measured (a 512 MiB write per rank) takes about 2 s
+_ARRIVAL_TAG = 0x6870
+_POLL_MAX = 0.01  # s between tests of the barrier, at most
+_notices_keyval: int | None = None
 
 
 def describe_failure(exc: BaseException, rank: int) -> str:
@@ -66,11 +83,92 @@ def _agree(comm: MPI.Comm, phase: str, action: Callable[[], T], *, share: bool) 
     except Exception as exc:  # noqa: BLE001 - reported to every rank below
         error = exc
     failure = describe_failure(error, comm.rank) if error is not None else None
+    await_everyone(comm, phase)
     gathered = comm.allgather((result if share else None, failure))
     failures = {rank: text for rank, (_, text) in enumerate(gathered) if text is not None}
     if failures:
         raise CollectiveError(phase, failures, comm.size) from error
     return [value for value, _ in gathered] if share else result
+
+
+def phase_timeout() -> float | None:
+    """The watchdog's deadline in seconds (``HPCKPT_PHASE_TIMEOUT``), None when it is off.
+
+    Raises ValueError naming the variable when it is not a number >= 0.
+    """
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_PHASE_TIMEOUT
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV}={text!r}: expected a number of seconds >= 0 (0 turns the watchdog off)")
+    return value or None
+
+
+def prepare_watchdog(comm: MPI.Comm) -> None:
+    """Make the duplicate of ``comm`` that carries arrival notices. Collective.
+
+    Done at the first phase on ``comm``; call it earlier where that phase would run in
+    a thread that must not create communicators (the background saver).
+    """
+    if comm.size > 1:
+        _notices(comm)
+
+
+def _notices(comm: MPI.Comm) -> MPI.Comm:
+    """The duplicate of ``comm`` for arrival notices, cached on ``comm`` and freed with it."""
+    from mpi4py import MPI
+
+    global _notices_keyval
+    if _notices_keyval is None:
+        _notices_keyval = MPI.Comm.Create_keyval(delete_fn=lambda _comm, _keyval, notices: notices.Free())
+    notices = comm.Get_attr(_notices_keyval)
+    if notices is None:
+        notices = comm.Dup()
+        comm.Set_attr(_notices_keyval, notices)
+    return notices
+
+
+def await_everyone(comm: MPI.Comm, phase: str) -> None:
+    """Return once every rank of ``comm`` has reached this call; abort the job, naming the
+    ranks that did not, after the deadline (see the module docstring). Collective."""
+    timeout = phase_timeout()
+    if comm.size == 1 or timeout is None:
+        return
+    from mpi4py import MPI
+
+    notices = _notices(comm)
+    arrived = time.monotonic()
+    flag = np.zeros(1, dtype=np.uint8)
+    if comm.rank == 0:
+        inbox = np.zeros(comm.size, dtype=np.uint8)
+        sent = [notices.Irecv([inbox[r : r + 1], MPI.BYTE], source=r, tag=_ARRIVAL_TAG) for r in range(1, comm.size)]
+    else:
+        sent = [notices.Isend([flag, MPI.BYTE], dest=0, tag=_ARRIVAL_TAG)]
+    barrier = notices.Ibarrier()
+    pause = 0.0
+    while not barrier.Test():
+        waited = time.monotonic() - arrived
+        if comm.rank == 0 and waited > timeout:
+            missing = [rank for rank, request in enumerate(sent, start=1) if not request.Test()]
+            _abort_waiting(comm, phase, waited, f"rank(s) {', '.join(map(str, missing))} of {comm.size} have not "
+                                                "arrived; the others wait there")  # fmt: skip
+        if comm.rank != 0 and waited > timeout + min(timeout, 30.0):
+            _abort_waiting(comm, phase, waited, "not every rank has arrived and rank 0 has not reported who "
+                                                "(it may be the one missing)")  # fmt: skip
+        time.sleep(pause)
+        pause = min(_POLL_MAX, pause * 2 or 1e-5)
+    MPI.Request.Waitall(sent)
+
+
+def _abort_waiting(comm: MPI.Comm, phase: str, waited: float, what: str) -> None:
+    print(
+        f"hpckpt: phase {phase!r}: {what} after {waited:.0f} s (rank {comm.rank} on {socket.gethostname()}); "
+        f"aborting the job ({TIMEOUT_ENV} sets the deadline, now {phase_timeout():g} s)",
+        file=sys.stderr,
+    )
+    abort_job(comm, 1)
 
 
 def abort_on_exception(main: Callable[[], int | None]) -> int:

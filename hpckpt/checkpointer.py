@@ -108,7 +108,7 @@ class Checkpointer:
     striping
         ``{"count": C, "size": S}``: stripe each new step directory over C targets in
         stripes of S bytes (``lfs setstripe`` where ``lfs`` exists) and tune the backend
-        for it: MPI-IO hints and dataset alignment (hdf5), segment alignment (posix),
+        for it: dataset alignment (hdf5), segment alignment (posix),
         one aggregator per target (adios2); see ``docs/lustre.md``.
 
     incremental

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._comm import prepare_watchdog
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
 from ..buffers.host import as_host_array
@@ -111,6 +112,7 @@ class BackgroundSaver:
         # mpi4py duplicates a context for its pickled collectives at their first call, with
         # the GIL held: done here, on the application thread, never in the worker.
         self.comm.allreduce(0)
+        prepare_watchdog(self.comm)  # the phases' arrival notices travel on a duplicate of it
         self._buffer_sets: queue.Queue[dict[str, np.ndarray]] = queue.Queue()
         for _ in range(max_in_flight):
             self._buffer_sets.put({})

@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,14 +59,11 @@ class HDF5Backend:
 
     Parameters
     ----------
-    hints
-        File-system hints, as strings: ``striping_unit`` sets the default alignment
-        (the data bypasses MPI-IO, so ROMIO hints such as ``cb_nodes`` have no effect;
-        the step directory's striping, see :mod:`hpckpt.storage.lustre`, applies).
     alignment
         Align every dataset of ``alignment_threshold`` bytes or more to a multiple of
-        this many bytes (the stripe size on Lustre). Default: ``hints["striping_unit"]``
-        if given, else no alignment.
+        this many bytes (the stripe size on Lustre). Default: no alignment. (The data
+        bypasses MPI-IO, so there are no MPI-IO hints: a Lustre step directory's
+        striping, :mod:`hpckpt.storage.lustre`, sets the files' layout.)
     alignment_threshold
         The smallest dataset that is aligned (default 64 KiB).
     """
@@ -76,14 +73,10 @@ class HDF5Backend:
 
     def __init__(
         self,
-        hints: Mapping[str, str] | None = None,
         alignment: int | None = None,
         alignment_threshold: int = 65536,
     ) -> None:
         self._h5py = _h5py()
-        self.hints = {str(key): str(value) for key, value in (hints or {}).items()}
-        if alignment is None and "striping_unit" in self.hints:
-            alignment = int(self.hints["striping_unit"])
         for name, value in (("alignment", alignment), ("alignment_threshold", alignment_threshold)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"hdf5 backend: {name} must be an integer >= 1, got {value!r}")

@@ -5,9 +5,8 @@ directories are striped: ``lfs setstripe -c COUNT -S SIZE`` is applied to each o
 the ``lfs`` command exists (elsewhere the striping only sets defaults), and each
 backend's defaults follow it unless given explicitly:
 
-- hdf5: MPI-IO hints ``striping_factor`` and ``striping_unit`` (ROMIO applies them when
-  it creates a file on Lustre), and datasets of 64 KiB or more aligned to the stripe size
-  so that no two ranks' hyperslabs share a stripe needlessly;
+- hdf5: datasets of 64 KiB or more aligned to the stripe size, so that no two ranks'
+  hyperslabs share a stripe needlessly;
 - posix: ranks sharing a file start their segments at multiples of the stripe size;
 - adios2: one subfile per stripe target (``NumAggregators`` = count, two-level
   aggregation), so the aggregators spread over the object storage targets.
@@ -51,8 +50,6 @@ def backend_defaults(backend: str, striping: Striping | None, options: dict[str,
     if striping is None:
         return merged
     if backend == "hdf5":
-        hints = {"striping_factor": str(striping.count), "striping_unit": str(striping.size)}
-        merged["hints"] = {**hints, **merged.get("hints", {})}
         merged.setdefault("alignment", striping.size)
     elif backend == "posix":
         merged.setdefault("segment_alignment", striping.size)

@@ -1,7 +1,7 @@
 """Save and restore one striped step: ``mpiexec -n R python -m tests.jobs.save_striped DIR BACKEND``.
 
-Uses ``striping={"count": 4, "size": 1 MiB}`` and, for hdf5, extra hints (``cb_nodes=1``,
-``romio_cb_write=enable``); a 4 MiB distributed field and a small replicated table.
+Uses ``striping={"count": 4, "size": 1 MiB}``; a 4 MiB distributed field and a small
+replicated table.
 Rank 0 prints ``restored 1 intact`` when every value came back.
 """
 
@@ -18,7 +18,6 @@ def main() -> None:
     directory, backend = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD
     rows = 512 // comm.size
-    options = {"hints": {"cb_nodes": "1", "romio_cb_write": "enable"}} if backend == "hdf5" else {}
 
     def state(value: float) -> dict:
         field = np.full((rows, 1024), value + comm.rank)
@@ -28,7 +27,7 @@ def main() -> None:
         }
 
     striping = {"count": 4, "size": 1 << 20}
-    with hpckpt.Checkpointer(directory, comm=comm, backend=backend, backend_options=options, striping=striping) as ckpt:
+    with hpckpt.Checkpointer(directory, comm=comm, backend=backend, striping=striping) as ckpt:
         ckpt.save(1, state(1.0))
         target = state(0.0)
         step = ckpt.restore(target)

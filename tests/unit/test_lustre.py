@@ -21,10 +21,9 @@ def test_bad_striping_is_named(value, message):
         Striping.of(value)
 
 
-def test_hdf5_gets_hints_and_alignment_but_keeps_the_users():
-    options = backend_defaults("hdf5", STRIPES, {"hints": {"striping_factor": "2", "cb_nodes": "4"}})
-    assert options == {"hints": {"striping_factor": "2", "striping_unit": str(4 << 20), "cb_nodes": "4"},
-                       "alignment": 4 << 20}
+def test_hdf5_gets_alignment_but_keeps_the_users():
+    assert backend_defaults("hdf5", STRIPES, {}) == {"alignment": 4 << 20}
+    assert backend_defaults("hdf5", STRIPES, {"alignment": 65536}) == {"alignment": 65536}
 
 
 def test_posix_and_adios2_defaults():

@@ -1,0 +1,66 @@
+"""A rank stopped (SIGSTOP) in any phase ends the job with a message naming it and the
+phase, within the deadline, instead of leaving the others waiting forever."""
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from tests.fault.conftest import heat_command, run
+from tests.processes import run_group
+
+DEADLINE = 3  # HPCKPT_PHASE_TIMEOUT for these jobs, seconds
+PHASES = {  # fault point -> the phase whose agreement the stopped rank never reaches
+    "save.plan": "save step 20: plan",
+    "save.write": "save step 20: write",
+    "save.sync": "save step 20: sync",
+    "save.commit": "save step 20: commit",
+    "save.retain": "save step 20: retain",
+}
+
+
+@pytest.mark.parametrize("point", list(PHASES))
+def test_a_rank_stopped_in_a_phase_is_named_and_the_job_aborts(tmp_path, point):
+    log = tmp_path / "faults.log"
+    started = time.monotonic()
+    stopped = run(heat_command(3, tmp_path / "run", "--backend", "posix", iters=60),
+                  env={"HPCKPT_FAULT": f"{point}:1:stop:2", "HPCKPT_FAULT_LOG": str(log), "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)})  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert stopped.returncode != 0
+    assert log.read_text().split()[:4] == [point, "1", "stop", "2"]  # rank 1 stopped at its 2nd save
+    message = re.search(r"hpckpt: phase '(.*?)': rank\(s\) (.*?) of 3 have not arrived; the others wait there "
+                        r"after (\d+) s \(rank 0 on ", stopped.stderr)  # fmt: skip
+    assert message, stopped.stderr[-3000:]
+    assert message.group(1) == PHASES[point] and message.group(2) == "1" and int(message.group(3)) >= DEADLINE
+    assert elapsed < DEADLINE + 20
+
+
+def test_a_stopped_rank_0_is_reported_by_the_others(tmp_path):
+    """The others abort the job; mpiexec then waits for rank 0, whom its SIGTERM cannot end
+    while stopped (only SIGKILL does): the run ends when the test kills the job."""
+    log = tmp_path / "faults.log"
+    env = {**os.environ, "HPCKPT_FAULT": "save.sync:0:stop:2", "HPCKPT_FAULT_LOG": str(log),
+           "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}  # fmt: skip
+    with pytest.raises(subprocess.TimeoutExpired) as stuck:
+        run_group(heat_command(3, tmp_path / "run", "--backend", "posix", iters=60), timeout=2 * DEADLINE + 10, env=env)
+    assert log.read_text().split()[:4] == ["save.sync", "0", "stop", "2"]
+    reports = re.findall(r"hpckpt: phase 'save step 20: sync': not every rank has arrived and rank 0 has not "
+                         r"reported who \(it may be the one missing\) after \d+ s \(rank ([12]) on ", stuck.value.stderr)  # fmt: skip
+    assert sorted(reports) == ["1", "2"], stuck.value.stderr[-3000:]
+
+
+def test_a_rank_stopped_while_restoring_is_named(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(heat_command(3, run_dir, "--backend", "posix", iters=20)).returncode == 0
+    stopped = run(heat_command(3, run_dir, "--backend", "posix", iters=40),
+                  env={"HPCKPT_FAULT": "restore.read:2:stop", "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)})  # fmt: skip
+    assert stopped.returncode != 0
+    assert "hpckpt: phase 'restore step 10: read': rank(s) 2 of 3 have not arrived" in stopped.stderr, stopped.stderr[-3000:]
+
+
+def test_the_deadline_must_be_a_number(tmp_path):
+    bad = run(heat_command(2, tmp_path / "run", iters=20), env={"HPCKPT_PHASE_TIMEOUT": "soon"})
+    assert bad.returncode != 0
+    assert "HPCKPT_PHASE_TIMEOUT='soon': expected a number of seconds >= 0 (0 turns the watchdog off)" in bad.stderr
