@@ -16,6 +16,7 @@ from .catalog import CheckpointReader, Progress
 from .storage import open_backend
 from .storage.base import BlockData
 from .storage.commit import RunDirectory, sync_files
+from .testing import faults
 
 
 def convert_step(
@@ -60,6 +61,7 @@ def convert_step(
                 progress(array.nbytes)
     temp = target_dir.prepare(step)
     files = backend.write(MPI.COMM_SELF, temp, records, blocks)
+    faults.point("convert.written")
     converted = replace(
         manifest,
         backend=backend.name,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ import numpy as np
 
 from .._comm import abort_on_exception
 from ..slurm import STOPPED_EXIT_CODE, JobControl
-from ..testing.faults import first_attempt
+from ..testing.faults import crash, first_attempt
 from .options import add_level_options, level_options
 
 
@@ -203,7 +202,7 @@ def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phas
             seen = len(checkpointer.recoveries)
             report_recovery(halo_comm, checkpointer.last_recovery, f"the survivors went on at iteration {iteration}")
         if iteration == args.crash_at_iter and halo_comm.rank == args.crash_rank and first_attempt():
-            os.kill(os.getpid(), signal.SIGKILL)
+            crash(f"heat.iteration.{iteration}")
         exchange_halos(halo_comm, u)
         jacobi_sweep(u, first_row, args.n)
         if args.pace:

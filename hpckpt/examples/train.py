@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
@@ -31,7 +30,7 @@ import numpy as np
 
 from .._comm import abort_on_exception
 from ..slurm import STOPPED_EXIT_CODE, JobControl
-from ..testing.faults import first_attempt
+from ..testing.faults import crash, first_attempt
 from .options import add_level_options, level_options
 
 FEATURES, EXAMPLES, SEED = 16, 4096, 1234
@@ -196,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             set_generator_state(rng, state["rng"].array)
         for step in range(int(state["step"]), args.steps):
             if step == args.crash_at_step and rank == args.crash_rank and first_attempt():
-                os.kill(os.getpid(), signal.SIGKILL)
+                crash(f"train.step.{step}")
             if args.shard:
                 full = np.empty(total)
                 counts = [split(total, size, r)[1] for r in range(size)]

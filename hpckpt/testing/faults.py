@@ -15,10 +15,16 @@ Faults fire only on the first attempt of a relaunched or requeued job
 (``HPCKPT_ATTEMPT`` and ``SLURM_RESTART_COUNT`` unset or ``0``), so ``hpckpt run`` or
 Slurm can then finish the job; a ULFM replacement process sets
 it too, so the rank it replaces does not fail again. Counting restarts whenever the
-variable's value changes. Points: ``save.plan``,
-``save.write``, ``save.sync``, ``save.commit``, ``commit.rename`` and ``commit.exchanged``
-(inside rank 0's commit, before and after a step is renamed into place), ``save.retain``,
-``restore.read``.
+variable's value changes. Points: ``save.plan``, ``save.write``, ``save.sync``,
+``save.commit``; inside rank 0's commit ``commit.manifest`` (the data durable, before the
+manifest is written), ``commit.fsync`` (manifest written, before the directory's
+fsync), ``commit.rename`` (before the rename into place), ``commit.renamed`` (after it,
+before the run directory's fsync), ``commit.exchanged`` (after a re-saved step's
+exchange); ``save.retain``, inside retention ``retain.deleting`` (a step renamed to
+``*.deleting``) and ``retain.recycled`` (its files moved to ``.recycle/``), in
+``prepare`` ``prepare.recycle`` (after each recycled file moved into the new step), in
+``hpckpt convert`` ``convert.written`` (the converted files written, not committed);
+``restore.read``. ``hpckpt gc`` passes the retention points.
 """
 
 from __future__ import annotations
@@ -85,6 +91,13 @@ def point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
         return
     raise InjectedFault(f"injected fault at {name} on rank {rank} ({ENV}={spec})")
+
+
+def crash(where: str) -> None:
+    """SIGKILL this process, an application's own crash option (``--crash-at-iter``),
+    recorded first in ``HPCKPT_FAULT_LOG`` as ``WHERE RANK kill 1 PID``."""
+    _log(f"{where} {_world_rank()} kill 1 {os.getpid()}\n")
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _log(line: str) -> None:

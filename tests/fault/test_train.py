@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from tests.fault.conftest import relaunched, run
-from tests.fault.test_heat_faults import BACKENDS, RANKS, SAVE_POINTS, run_with_external_kill
+from tests.fault.test_heat_faults import BACKENDS, RANKS, SAVE_POINTS
+from tests.fault.trials import first_attempt, newest_committed
 
 TRAIN_DONE = re.compile(r"^train: done steps=(\d+) resumed_from=([\w,]+) loss=(\S+) checksum=([0-9a-f]{64})$", re.M)
 
@@ -34,20 +35,24 @@ def train_reference(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_random_kills_resume_training_bit_for_bit(seed, tmp_path, train_reference):
+def test_random_kills_resume_training_from_the_newest_committed_step(seed, tmp_path, train_reference):
     rng = random.Random(3000 + seed)
-    backend = ["--backend", BACKENDS[seed % 3]]
+    run_dir = tmp_path / "ckpt"
     mode = ("save-point", "step", "external")[seed % 3]
-    command = train_command(RANKS, tmp_path / "ckpt", *backend)
+    command = train_command(RANKS, run_dir, "--backend", BACKENDS[seed % 3])
     if mode == "save-point":
         fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
-        result = run(relaunched(command), env={"HPCKPT_FAULT": fault})
+        first_attempt(command, tmp_path, RANKS, rng, fault=fault)
     elif mode == "step":
-        crash = ["--crash-at-step", str(rng.randint(0, 119)), "--crash-rank", str(rng.randrange(RANKS))]
-        result = run(relaunched(command + crash))
+        step, rank = rng.randint(0, 119), rng.randrange(RANKS)
+        landed = first_attempt(command + ["--crash-at-step", str(step), "--crash-rank", str(rank)], tmp_path, RANKS,
+                               rng, crash=True)  # fmt: skip
+        assert (landed.where, landed.rank) == (f"train.step.{step}", rank)
     else:
-        result, _ = run_with_external_kill(relaunched(command), rng)
-    assert finished(result).group(4) == train_reference
+        first_attempt(command, tmp_path, RANKS, rng)
+    newest = newest_committed(run_dir)
+    match = finished(run(command))
+    assert (match.group(2), match.group(4)) == (newest, train_reference)
 
 
 def test_uncoordinated_training_resumes_bit_for_bit(tmp_path, train_reference):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import signal
 import sys
 import time
 
@@ -49,7 +48,7 @@ def main() -> int:
     from mpi4py import MPI
 
     import hpckpt
-    from hpckpt.testing.faults import first_attempt
+    from hpckpt.testing.faults import crash, first_attempt
 
     world = MPI.COMM_WORLD
     crash_rank, crash_iter = (int(x) for x in args.crash.split(":")) if args.crash else (-1, -1)
@@ -76,7 +75,7 @@ def main() -> int:
         right, left = (rank + 1) % size, (rank - 1) % size
         for iteration in range(int(state["iteration"]), args.iters):
             if (rank, iteration) == (crash_rank, crash_iter) and first_attempt():
-                os.kill(os.getpid(), signal.SIGKILL)
+                crash(f"app.iteration.{iteration}")
             received = np.empty(8)
             comm.Sendrecv(acc * 0.5 + iteration, dest=right, sendtag=1, recvbuf=received, source=left, recvtag=1)
             back = np.empty(8)
