@@ -11,13 +11,14 @@ from hpckpt.progress import ProgressLine
 from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
 from tests.fault.test_interop import RANKS, save_known_state
 from tests.jobs.save_known_state import COLS, expected, rows_of
+from tests.processes import run_group
 
 BACKENDS = ["hdf5", "adios2", "posix"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     """Run the CLI as users do, in its own process and without mpiexec."""
-    return subprocess.run([sys.executable, "-m", "hpckpt", *map(str, args)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    return run_group([sys.executable, "-m", "hpckpt", *map(str, args)], timeout=JOB_TIMEOUT)
 
 
 def test_ls_shows_committed_incomplete_and_corrupt_steps(tmp_path):
@@ -189,7 +190,7 @@ with hpckpt.Checkpointer(sys.argv[1], comm=MPI.COMM_SELF, backend="posix", keep=
 
 def test_tools_on_incremental_steps(tmp_path):
     run_dir = tmp_path / "run"
-    made = subprocess.run([sys.executable, "-c", INCREMENTAL_STEPS, str(run_dir)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    made = run_group([sys.executable, "-c", INCREMENTAL_STEPS, str(run_dir)], timeout=JOB_TIMEOUT)
     assert made.returncode == 0, made.stderr
     assert sorted(p.name for p in run_dir.glob("step-*")) == ["step-00000001", "step-00000003"]
     text = cli("inspect", run_dir).stdout
@@ -221,7 +222,7 @@ with hpckpt.Checkpointer(sys.argv[1], comm=MPI.COMM_SELF, backend="posix", backe
 
 def test_inspect_names_each_blocks_codec(tmp_path):
     run_dir = tmp_path / "run"
-    made = subprocess.run([sys.executable, "-c", LOSSY_STEP, str(run_dir)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    made = run_group([sys.executable, "-c", LOSSY_STEP, str(run_dir)], timeout=JOB_TIMEOUT)
     assert made.returncode == 0, made.stderr
     text = cli("inspect", run_dir).stdout
     assert "rank 0: (128, 128) [zfp, lossy]" in text and "rank 0: (3,) [blosc2]" in text, text

@@ -15,6 +15,7 @@ import pytest
 
 from tests.fault.conftest import JOB_TIMEOUT
 from tests.jobs.save_known_state import COLS, ROWS, expected
+from tests.processes import run_group
 
 RANKS = 4
 
@@ -61,7 +62,7 @@ def save_known_state(directory, backend: str):
 
 
 def plain_read(script: str, step_dir) -> dict:
-    result = subprocess.run([sys.executable, "-c", script, str(step_dir)], capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    result = run_group([sys.executable, "-c", script, str(step_dir)], timeout=JOB_TIMEOUT)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

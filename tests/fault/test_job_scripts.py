@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tests.fault.conftest import JOB_TIMEOUT, Finished
+from tests.processes import run_group
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 
@@ -21,7 +22,7 @@ def script_env(run_dir: Path, **settings: str) -> dict[str, str]:
 
 def test_heat_mpirun_script_relaunches_after_a_crash(tmp_path, reference_checksum):
     env = script_env(tmp_path / "run", HEAT_ARGS="--n 96 --iters 120 --every 10 --crash-at-iter 75 --crash-rank 3")
-    result = subprocess.run(["bash", str(JOBS / "heat-mpirun.sh")], capture_output=True, text=True,
+    result = run_group(["bash", str(JOBS / "heat-mpirun.sh")],
                             timeout=JOB_TIMEOUT, env=env, cwd=tmp_path)
     finished = Finished(result.returncode, result.stdout, result.stderr)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -47,9 +48,9 @@ def test_sigterm_to_the_mpirun_script_checkpoints_and_exits_75(tmp_path):
 
 def test_train_mpirun_script_matches_a_plain_run(tmp_path):
     args = "--steps 80 --every 10"
-    plain = subprocess.run(["mpiexec", "-n", "4", sys.executable, "-m", "hpckpt.examples.train", *args.split(),
-                            "--dir", str(tmp_path / "plain")], capture_output=True, text=True, timeout=JOB_TIMEOUT)
-    result = subprocess.run(["bash", str(JOBS / "train-mpirun.sh")], capture_output=True, text=True,
+    plain = run_group(["mpiexec", "-n", "4", sys.executable, "-m", "hpckpt.examples.train", *args.split(),
+                            "--dir", str(tmp_path / "plain")], timeout=JOB_TIMEOUT)
+    result = run_group(["bash", str(JOBS / "train-mpirun.sh")],
                             timeout=JOB_TIMEOUT, env=script_env(tmp_path / "run", TRAIN_ARGS=args), cwd=tmp_path)
     assert plain.returncode == 0 and result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == plain.stdout.strip().splitlines()[-1]

@@ -1,9 +1,10 @@
 """The documented benchmark command runs end to end (tiny sizes) and writes what it says."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.processes import run_group
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -13,7 +14,7 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     command = [sys.executable, str(REPO / "perf" / "suite.py"), "--mib", "4", "--repeat", "1", "--small-count", "200",
                "--small-kib", "4", "--async-saves", "2", "--async-compute", "0.2", "--heat-iters", "300", "--heat-every", "100", "--dir", str(tmp_path / "scratch"),
                "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=REPO)
+    done = run_group(command, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "suite.json").read_text())
     assert set(results["save"]["ways"]) >= {"raw", "raw in place", "memcpy", "numpy.save", "h5py", "adios2",

@@ -14,6 +14,7 @@ import pytest
 
 from hpckpt.storage.lock import RunLock
 from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
+from tests.processes import run_group
 
 
 def test_a_second_job_on_the_same_run_directory_is_refused_naming_the_holder(tmp_path):
@@ -57,7 +58,7 @@ def small_fs(tmp_path):
 
 def fill(run_dir: Path, backend: str, ranks: int = 4) -> subprocess.CompletedProcess:
     command = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "tests.jobs.fill_disk", str(run_dir), backend, "384", "3"]
-    return subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    return run_group(command, timeout=JOB_TIMEOUT)
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
 from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
 from tests.fault.trials import first_attempt, newest_committed_per_rank
+from tests.processes import run_group
 
 BACKENDS = ("posix", "hdf5", "adios2")
 APP_DONE = re.compile(r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M)
@@ -59,7 +59,7 @@ def app_command(run_dir, *args: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def app_reference(tmp_path_factory) -> str:
-    completed = subprocess.run(app_command(tmp_path_factory.mktemp("app") / "clean"), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    completed = run_group(app_command(tmp_path_factory.mktemp("app") / "clean"), timeout=JOB_TIMEOUT)
     match = APP_DONE.search(completed.stdout)
     assert match and match.group(3) == "yes", completed.stdout + completed.stderr[-3000:]
     return match.group(2)

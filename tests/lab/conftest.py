@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from tests.heat_output import DONE
 from tests.lab.cluster import Lab, lab_unavailable
+from tests.processes import run_group
 
 # CI must run the lab: a machine where it cannot start fails these tests, naming why.
 REQUIRED = os.environ.get("CI") == "true" or "1" in (os.environ.get("HPCKPT_REQUIRE_LAB"), os.environ.get("HPCKPT_REQUIRE_ALL"))
@@ -53,6 +53,6 @@ def heat(run_dir: str, *args: str, n: int = 96, iters: int = 60, every: int = 10
 def heat_reference(tmp_path_factory) -> str:
     """The fault-free result of :func:`heat`'s defaults, on one rank, without checkpoints."""
     directory: Path = tmp_path_factory.mktemp("lab-reference")
-    result = subprocess.run(heat(str(directory / "c"), every=0), capture_output=True, text=True, timeout=60)
+    result = run_group(heat(str(directory / "c"), every=0), timeout=60)
     assert result.returncode == 0, result.stderr
     return DONE.search(result.stdout).group(3)

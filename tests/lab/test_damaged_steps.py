@@ -19,6 +19,7 @@ import pytest
 from hpckpt.storage.commit import RunDirectory
 from tests.heat_output import Finished
 from tests.lab.conftest import heat
+from tests.processes import run_group
 
 CHECK_TIMEOUT = 20
 STEP = 30
@@ -41,7 +42,7 @@ def damage(path: Path, how: str) -> None:
 
 
 def check(*command: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=CHECK_TIMEOUT)
+    return run_group([sys.executable, *command], timeout=CHECK_TIMEOUT)
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])

@@ -11,7 +11,6 @@ a fresh node of the same name whose ``/dev/shm`` is empty. The relaunch must res
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from tests.fault.test_train import TRAIN_DONE
 from tests.heat_output import Finished
 from tests.lab.conftest import heat
+from tests.processes import run_group
 
 LEVELS = ["--local", "default", "--flush-every", "0"]
 
@@ -37,7 +37,7 @@ def train_reference(tmp_path_factory):
         if ranks not in results:
             directory = tmp_path_factory.mktemp("train-reference")
             command = ["mpiexec", "-n", str(ranks), *train("--every", "0", "--dir", str(directory))]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            result = run_group(command, timeout=60)
             assert result.returncode == 0, result.stderr
             results[ranks] = TRAIN_DONE.search(result.stdout).group(4)
         return results[ranks]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import run_group
 from tests.slurm.cluster import SlurmCluster, unavailable
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
@@ -153,10 +154,9 @@ def committed_steps(run_dir: Path) -> list[int]:
 
 def heat_reference(workdir: Path, *args: str) -> str:
     """The checksum of a fault-free one-rank run without checkpoints."""
-    result = subprocess.run(
+    result = run_group(
         ["mpiexec", "-n", "1", sys.executable, "-m", "hpckpt.examples.heat", "--dir", str(workdir), *args,
-         "--every", "0"],
-        capture_output=True, text=True, timeout=60,
+         "--every", "0"], timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return HEAT_DONE.search(result.stdout).group(2)

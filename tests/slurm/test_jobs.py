@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.processes import run_group
 from tests.slurm.conftest import committed_steps, heat_reference, submit
 
 # A small grid paced to run about 10 s on 2 ranks, checkpointing every 20 iterations.
@@ -91,8 +92,7 @@ def test_scancel_signal_usr1_checkpoints_and_exits(slurm, tmp_path):
 
 def test_training_job_relaunched_after_a_crash_matches_the_fault_free_run(slurm, tmp_path):
     train = [sys.executable, "-m", "hpckpt.examples.train", "--steps", "120", "--every", "10"]
-    reference = subprocess.run(["mpiexec", "-n", "2", *train, "--dir", str(tmp_path / "ref")],
-                               capture_output=True, text=True, timeout=60)
+    reference = run_group(["mpiexec", "-n", "2", *train, "--dir", str(tmp_path / "ref")], timeout=60)
     assert reference.returncode == 0, reference.stderr
     job = submit(slurm, "train.sbatch", tmp_path, "-n", "2",
                  env={"HPCKPT_RUN_DIR": str(tmp_path / "run"), "HPCKPT_RESTARTS": "1", "HPCKPT_LAUNCHER": "mpiexec",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.heat_output import Finished
+from tests.processes import kill_group, run_group
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPCKPT_ULFM_VENV", REPO / ".venv-ulfm"))
@@ -60,7 +61,7 @@ class Job(Finished):
 
 
 def run_job(command: list[str], env: dict[str, str] | None = None) -> Job:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT, env={**os.environ, **ENV, **(env or {})})
+    result = run_group(command, timeout=JOB_TIMEOUT, env={**os.environ, **ENV, **(env or {})})
     return Job(result.returncode, result.stdout, result.stderr)
 
 
@@ -75,9 +76,11 @@ def run_killing(
     Only original processes are killed (a replacement's pid is reported at the end).
     ``while_stopped(rank)`` runs between a SIGSTOP and the SIGKILL (to lose its node's files)."""
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, **(env or {})}
-    )
-    watchdog = threading.Timer(JOB_TIMEOUT, process.kill)  # a hung job becomes a failure, not a hung test
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, **(env or {})},
+        start_new_session=True,
+    )  # fmt: skip
+    # A hung job becomes a failure, not a hung test: the whole process group is killed.
+    watchdog = threading.Timer(JOB_TIMEOUT, kill_group, (process.pid,))
     watchdog.start()
     lines: list[str] = []
     pids: list[int] = []
@@ -99,9 +102,8 @@ def run_killing(
         stderr = process.stderr.read()
     finally:
         watchdog.cancel()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_group(process.pid)
+        process.wait()
     assert not pending, f"the job ended before every kill was made; stdout:\n{''.join(lines)}"
     return Job(process.returncode, "".join(lines), stderr)
 

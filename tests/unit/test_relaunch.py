@@ -5,11 +5,12 @@ import subprocess
 import sys
 
 import pytest
+from tests.processes import run_group
 
 
 def hpckpt_run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hpckpt", "run", *args], capture_output=True, text=True, timeout=60
+    return run_group(
+        [sys.executable, "-m", "hpckpt", "run", *args], timeout=60
     )
 
 
