@@ -134,19 +134,22 @@ class Manifest:
                 raise ValueError(f"format is {body.get('format')!r}, expected {FORMAT_NAME!r}")
             if body.get("version") not in READ_VERSIONS:
                 raise ValueError(f"version {body.get('version')!r}; this hpckpt reads versions {READ_VERSIONS}")
-            step = int(body["step"])
+            step = _count(body["step"], "step")
+            if _count(body["world_size"], "world_size") < 1:
+                raise ValueError(f"world_size is {body['world_size']}, not an integer >= 1")
             leaves = tuple(_leaf_from_dict(leaf, step) for leaf in body["leaves"])
             return cls(
                 step=step,
                 protocol=str(body["protocol"]),
                 backend=str(body["backend"]),
-                world_size=int(body["world_size"]),
+                world_size=body["world_size"],
                 checksum_algorithm=str(body["checksum_algorithm"]),
                 leaves=leaves,
                 values=dict(body["values"]),
                 created=float(body["created"]),
                 committed=float(body["committed"]),
-                files={safe_name(name, "file"): None if size is None else int(size) for name, size in body["files"].items()},
+                files={safe_name(name, "file"): None if size is None else _count(size, f"size of file {name!r}")
+                       for name, size in body["files"].items()},
                 metric=None if body.get("metric") is None else float(body["metric"]),
                 file_checksums=_file_checksums(body.get("file_checksums", {}), body["files"]),
                 delta_base=_optional_step(body.get("delta_base"), "delta_base", step),

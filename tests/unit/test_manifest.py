@@ -80,9 +80,24 @@ JSON_VALUES = st.recursive(
 @given(st.text(max_size=200))
 def test_any_text_is_a_manifest_or_a_clear_error(text):
     try:
-        Manifest.from_json(text, "fuzz.json")
+        parsed = Manifest.from_json(text, "fuzz.json")
     except CorruptCheckpointError as exc:
         assert str(exc).startswith("fuzz.json: not a valid hpckpt manifest")
+    else:
+        assert_consistent(parsed)
+
+
+def assert_consistent(manifest: Manifest) -> None:
+    """What restore relies on in a manifest that parsed: it writes back to itself, its
+    numbers are in range, and every block of a global array lies inside it."""
+    assert Manifest.from_json(manifest.to_json(), "again.json") == manifest
+    assert isinstance(manifest.step, int) and manifest.step >= 0
+    assert isinstance(manifest.world_size, int) and manifest.world_size >= 1
+    for record in manifest.leaves:
+        for block in record.blocks:
+            assert all(isinstance(n, int) and n >= 0 for n in (*block.shape, *block.offset))
+            if record.global_shape is not None and record.kind != "local":
+                assert all(o + n <= g for o, n, g in zip(block.offset, block.shape, record.global_shape))
 
 
 @settings(max_examples=300, deadline=None)
@@ -91,9 +106,10 @@ def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field,
     body = json.loads(make_manifest().to_json())
     body[field] = value
     try:
-        Manifest.from_json(json.dumps(body), "fuzz.json")
+        parsed = Manifest.from_json(json.dumps(body), "fuzz.json")
     except CorruptCheckpointError:
-        pass
+        return
+    assert_consistent(parsed)
 
 
 @settings(max_examples=300, deadline=None)
@@ -102,9 +118,10 @@ def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
     body = json.loads(make_manifest().to_json())
     body["leaves"][0][field] = value
     try:
-        Manifest.from_json(json.dumps(body), "fuzz.json")
+        parsed = Manifest.from_json(json.dumps(body), "fuzz.json")
     except CorruptCheckpointError:
-        pass
+        return
+    assert_consistent(parsed)
 
 
 @pytest.mark.parametrize(
