@@ -12,6 +12,11 @@ have not arrived at which phase, and aborts the job; any other rank that has wai
 further grace period (rank 0 itself may be the one missing) prints that it still waits
 and aborts the job itself. A stopped, hung or deadlocked rank thus ends the job with a
 message that names it instead of leaving the others waiting forever.
+
+Collective I/O inside a phase (the write) has its own deadline, :func:`io_deadline`: the
+same timeout plus a second per 100 MB this rank writes; a rank still inside it then
+says so and aborts the job (a peer that never joined the collective I/O cannot be
+named from inside it).
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -37,6 +44,7 @@ TIMEOUT_ENV = "HPCKPT_PHASE_TIMEOUT"
 DEFAULT_PHASE_TIMEOUT = 600.0  # s; the slowest phase measured (a 512 MiB write per rank) takes about 2 s
 _ARRIVAL_TAG = 0x6870
 _POLL_MAX = 0.01  # s between tests of the barrier, at most
+IO_FLOOR_BANDWIDTH = 100e6  # bytes/s: collective I/O slower than this, past the timeout, counts as hung
 _notices_keyval: int | None = None
 
 
@@ -160,6 +168,26 @@ def await_everyone(comm: MPI.Comm, phase: str) -> None:
         time.sleep(pause)
         pause = min(_POLL_MAX, pause * 2 or 1e-5)
     MPI.Request.Waitall(sent)
+
+
+@contextmanager
+def io_deadline(comm: MPI.Comm, phase: str, nbytes: int) -> Iterator[None]:
+    """Abort the job, saying where, if the block takes longer than the phase timeout plus
+    ``nbytes`` at :data:`IO_FLOOR_BANDWIDTH` (a peer that never joined the collective I/O
+    inside it). Not collective; a no-op on one rank or with the watchdog off."""
+    timeout = phase_timeout()
+    if comm.size == 1 or timeout is None:
+        yield
+        return
+    deadline = timeout + nbytes / IO_FLOOR_BANDWIDTH
+    what = "this rank is still inside the phase's collective I/O, which another rank has not joined or finished"
+    timer = threading.Timer(deadline, _abort_waiting, (comm, phase, deadline, what))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _abort_waiting(comm: MPI.Comm, phase: str, waited: float, what: str) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import abort_job, describe_failure, gather_phase, run_phase
+from .._comm import abort_job, describe_failure, gather_phase, io_deadline, run_phase
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import as_host_array
@@ -233,7 +233,8 @@ def save_coordinated(
     def write() -> list[str]:
         try:
             faults.point("save.write")
-            return backend.write(comm, temp, records, own_blocks)
+            with io_deadline(comm, f"save step {step}: write", sum(data.array.nbytes for data in own_blocks)):
+                return backend.write(comm, temp, records, own_blocks)
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
             raise

@@ -64,3 +64,17 @@ def test_the_deadline_must_be_a_number(tmp_path):
     bad = run(heat_command(2, tmp_path / "run", iters=20), env={"HPCKPT_PHASE_TIMEOUT": "soon"})
     assert bad.returncode != 0
     assert "HPCKPT_PHASE_TIMEOUT='soon': expected a number of seconds >= 0 (0 turns the watchdog off)" in bad.stderr
+
+
+def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
+    """Rank 1 stops before ADIOS2's collective write: the others wait inside ADIOS2, not at
+    an agreement, and each says so once the write's deadline has passed."""
+    log = tmp_path / "faults.log"
+    env = {**os.environ, "HPCKPT_FAULT": "save.write:1:stop:2", "HPCKPT_FAULT_LOG": str(log),
+           "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}  # fmt: skip
+    with pytest.raises(subprocess.TimeoutExpired) as stuck:  # mpiexec waits for the stopped rank
+        run_group(heat_command(3, tmp_path / "run", "--backend", "adios2", iters=60), timeout=2 * DEADLINE + 10, env=env)
+    assert log.read_text().split()[:4] == ["save.write", "1", "stop", "2"]
+    reports = re.findall(r"hpckpt: phase 'save step 20: write': this rank is still inside the phase's collective I/O, "
+                         r"which another rank has not joined or finished after \d+ s \(rank ([02]) on ", stuck.value.stderr)  # fmt: skip
+    assert reports, stuck.value.stderr[-3000:]
