@@ -23,19 +23,21 @@ def _reason(report: pytest.BaseReport) -> str:
     return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
 
 
+def _fail_if_required(report: pytest.BaseReport, nodeid: str) -> None:
+    """Turn ``report``, a skip of something CI must run, into a failure saying why."""
+    if report.skipped and not hasattr(report, "wasxfail") and _required(nodeid, _reason(report)):
+        report.outcome = "failed"
+        report.longrepr = f"a part this suite must exercise is unavailable (HPCKPT_REQUIRE_ALL=1): {_reason(report)}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> None:
     outcome = yield
-    report = outcome.get_result()
-    if report.skipped and not hasattr(report, "wasxfail") and _required(item.nodeid, _reason(report)):
-        report.outcome = "failed"
-        report.longrepr = f"a part this suite must exercise is unavailable (HPCKPT_REQUIRE_ALL=1): {_reason(report)}"
+    _fail_if_required(outcome.get_result(), item.nodeid)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> None:
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and _required(report.nodeid, _reason(report)):
-        report.outcome = "failed"
-        report.longrepr = f"a part this suite must exercise is unavailable (HPCKPT_REQUIRE_ALL=1): {_reason(report)}"
+    _fail_if_required(report, report.nodeid)

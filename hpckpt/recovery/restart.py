@@ -260,16 +260,19 @@ def _differences(
         except KeyError as exc:
             found.append(str(exc.args[0]))
             continue
-        if leaf.shape != block.shape and not getattr(leaf, "resizable", False):
+        if leaf.shape == block.shape:
+            continue
+        if not getattr(leaf, "resizable", False):
             found.append(
                 f"leaf {slot.path!r} on rank {rank} has shape {leaf.shape} but the checkpoint's block "
                 f"(of rank {block.rank}) has {block.shape}"
             )
-        elif leaf.shape != block.shape and block.size * np.dtype(record.dtype).itemsize > _allocation_limit(manifest, block):
+            continue
+        nbytes, limit = block.size * np.dtype(record.dtype).itemsize, _allocation_limit(manifest, block)
+        if nbytes > limit:
             found.append(
                 f"leaf {slot.path!r}: the block of rank {block.rank} declares shape {block.shape} "
-                f"({block.size * np.dtype(record.dtype).itemsize} bytes), more than the step can hold "
-                f"({_allocation_limit(manifest, block)} bytes)"
+                f"({nbytes} bytes), more than the step can hold ({limit} bytes)"
             )
     paths = {slot.path for slot in slots}
     found += [

@@ -40,15 +40,7 @@ def test_a_rank_stopped_in_a_phase_is_named_and_the_job_aborts(tmp_path, point):
 def test_a_stopped_rank_0_is_reported_by_the_others(tmp_path):
     """The others abort the job; mpiexec may then wait for rank 0, whom its SIGTERM cannot
     end while stopped (only SIGKILL does): the run then ends when the test kills the job."""
-    log = tmp_path / "faults.log"
-    env = {**os.environ, "HPCKPT_FAULT": "save.sync:0:stop:2", "HPCKPT_FAULT_LOG": str(log),
-           "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}  # fmt: skip
-    try:
-        stderr = run_group(heat_command(3, tmp_path / "run", "--backend", "posix", iters=60),
-                           timeout=2 * DEADLINE + 10, env=env).stderr  # fmt: skip
-    except subprocess.TimeoutExpired as stuck:
-        stderr = stuck.stderr
-    assert log.read_text().split()[:4] == ["save.sync", "0", "stop", "2"]
+    stderr = stopped_job_stderr(tmp_path, "save.sync:0:stop:2", "posix")
     reports = re.findall(r"hpckpt: phase 'save step 20: sync': not every rank has arrived and rank 0 has not "
                          r"reported who \(it may be the one missing\) after \d+ s \(rank ([12]) on ", stderr)  # fmt: skip
     assert reports, stderr[-3000:]
@@ -72,15 +64,23 @@ def test_the_deadline_must_be_a_number(tmp_path):
 def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
     """Rank 1 stops before ADIOS2's collective write: the others wait inside ADIOS2, not at
     an agreement, and each says so once the write's deadline has passed."""
-    log = tmp_path / "faults.log"
-    env = {**os.environ, "HPCKPT_FAULT": "save.write:1:stop:2", "HPCKPT_FAULT_LOG": str(log),
-           "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}  # fmt: skip
-    try:  # mpiexec ends the stopped rank when rank 0 aborts first, and waits for it when rank 2 does
-        stderr = run_group(heat_command(3, tmp_path / "run", "--backend", "adios2", iters=60),
-                           timeout=2 * DEADLINE + 10, env=env).stderr  # fmt: skip
-    except subprocess.TimeoutExpired as stuck:
-        stderr = stuck.stderr
-    assert log.read_text().split()[:4] == ["save.write", "1", "stop", "2"]
+    stderr = stopped_job_stderr(tmp_path, "save.write:1:stop:2", "adios2")
     reports = re.findall(r"hpckpt: phase 'save step 20: write': this rank is still inside the phase's collective I/O, "
                          r"which another rank has not joined or finished after \d+ s \(rank ([02]) on ", stderr)  # fmt: skip
     assert reports, stderr[-3000:]
+
+
+def stopped_job_stderr(tmp_path, fault: str, backend: str) -> str:
+    """The stderr of a 3-rank heat job with ``fault`` (``POINT:RANK:stop:NTH``), after
+    checking the fault log shows it landed. mpiexec ends the stopped rank when rank 0
+    aborts the job, and waits for it when another rank does: the job is then killed
+    after twice the deadline and ten seconds, and its output read all the same."""
+    log = tmp_path / "faults.log"
+    env = {**os.environ, "HPCKPT_FAULT": fault, "HPCKPT_FAULT_LOG": str(log), "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}
+    try:
+        stderr = run_group(heat_command(3, tmp_path / "run", "--backend", backend, iters=60),
+                           timeout=2 * DEADLINE + 10, env=env).stderr  # fmt: skip
+    except subprocess.TimeoutExpired as stuck:
+        stderr = stuck.stderr
+    assert log.read_text().split()[:4] == fault.split(":")
+    return stderr
