@@ -22,7 +22,7 @@ from .checksum import ALGORITHM, block_checksum
 from .errors import CorruptCheckpointError
 from .model.boxes import local_slices
 from .model.delta import home_step
-from .model.manifest import Block, LeafRecord, Manifest
+from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import MANIFEST_NAME, RunDirectory
@@ -57,12 +57,6 @@ class Finding:
     rank: int
     file: str
     message: str
-
-
-def stored_file(record: LeafRecord, block: Block) -> str:
-    """The file (or directory) of a step that holds ``block`` of ``record``."""
-    location = {**record.location, **block.location}
-    return str(location.get("file") or location.get("directory") or "")
 
 
 def _tree_bytes(path: Path) -> int:

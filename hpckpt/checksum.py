@@ -20,6 +20,11 @@ def file_checksum(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def text_checksum(text: str) -> str:
+    """Return the hex ``xxh3_64`` digest (16 digits) of ``text`` encoded as UTF-8."""
+    return xxhash.xxh3_64(text.encode()).hexdigest()
+
+
 def block_checksum(array: np.ndarray) -> str:
     """Return the hex ``xxh3_64`` digest of a C-contiguous array's bytes."""
     return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8))

@@ -6,10 +6,31 @@ killed that way leaves its ranks running, spinning on the CPU the next tests nee
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+
+
+@contextlib.contextmanager
+def started_group(
+    command: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None, stdin: int | None = None
+) -> Iterator[subprocess.Popen]:
+    """Start ``command`` in a new session (stdout and stderr piped, as text); on leaving
+    the block, SIGKILL its whole process group (whatever of it is left) and reap it."""
+    process = subprocess.Popen(
+        list(command), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield process
+    finally:
+        kill_group(process.pid)  # leftovers of a job that ended (a rank its launcher lost)
+        process.wait()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def run_group(
@@ -18,18 +39,13 @@ def run_group(
     """Run ``command`` (output captured as text) in a new session; after ``timeout``
     seconds kill its whole process group and raise ``subprocess.TimeoutExpired`` with the
     output so far."""
-    process = subprocess.Popen(
-        list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(process.pid)
-        stdout, stderr = process.communicate()
-        raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
-    finally:
-        kill_group(process.pid)  # leftovers of a job that ended (a rank its launcher lost)
+    with started_group(command, env=env, cwd=cwd) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process.pid)
+            stdout, stderr = process.communicate()
+            raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 

@@ -16,11 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from ..checksum import text_checksum
 from ..errors import CorruptCheckpointError
 
 FORMAT_NAME = "hpckpt-manifest"
 FORMAT_VERSION = 2  # written when a step reuses blocks of another (incremental); else 1
 READ_VERSIONS = (1, 2)
+CHECKSUM_KEY = "manifest_checksum"  # the first key: xxh3_64 of the manifest's other text
+_CHECKSUM_PREFIX = re.compile(r'\{"' + CHECKSUM_KEY + r'":"([0-9a-f]{16})",')
 IN_STEP = "in_step"  # block location key: the earlier step whose files hold the block's bytes
 LEAF_KINDS = ("distributed", "local", "replicated")
 STORABLE_DTYPE_KINDS = "biufc"  # the dtypes hpckpt writes: no objects, no records
@@ -116,7 +119,8 @@ class Manifest:
         body["leaves"] = [_leaf_dict(record) for record in self.leaves]
         body = {"format": FORMAT_NAME, "version": FORMAT_VERSION if self.incremental else 1, **body}
         # No indent: Python's C encoder then does the work (10,000 leaves: 0.05 s, not 1 s).
-        return json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n"
+        text = json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n"
+        return f'{{"{CHECKSUM_KEY}":"{text_checksum(text)}",' + text[1:]
 
     @classmethod
     def from_json(cls, text: str, source: str) -> Manifest:
@@ -129,11 +133,15 @@ class Manifest:
             message names ``source`` and what was wrong.
         """
         try:
+            _check_own_checksum(text)
             body = json.loads(text)
             if body.get("format") != FORMAT_NAME:
                 raise ValueError(f"format is {body.get('format')!r}, expected {FORMAT_NAME!r}")
             if body.get("version") not in READ_VERSIONS:
                 raise ValueError(f"version {body.get('version')!r}; this hpckpt reads versions {READ_VERSIONS}")
+            unknown = set(body) - _KEYS
+            if unknown:  # a damaged key name, or a newer format: the version would say so
+                raise ValueError(f"unknown keys {sorted(unknown)}")
             step = _count(body["step"], "step")
             if _count(body["world_size"], "world_size") < 1:
                 raise ValueError(f"world_size is {body['world_size']}, not an integer >= 1")
@@ -145,7 +153,7 @@ class Manifest:
                 world_size=body["world_size"],
                 checksum_algorithm=str(body["checksum_algorithm"]),
                 leaves=leaves,
-                values=dict(body["values"]),
+                values=_object(body["values"], "values"),
                 created=float(body["created"]),
                 committed=float(body["committed"]),
                 files={safe_name(name, "file"): None if size is None else _count(size, f"size of file {name!r}")
@@ -157,6 +165,33 @@ class Manifest:
             )
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else ValueError."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} is {type(value).__name__}, not an object")
+    return value
+
+
+_KEYS = frozenset({"format", "version", CHECKSUM_KEY, *(field_.name for field_ in fields(Manifest))})
+
+
+def _check_own_checksum(text: str) -> None:
+    """ValueError unless the manifest's first key, its checksum, matches the rest of it.
+
+    ``to_json`` writes ``{"manifest_checksum":"<xxh3_64 of the rest>",<the rest>``, where
+    the rest is the manifest without that key. A manifest without the key (written before
+    2026-12) is accepted; one that names the key anywhere but there is damaged.
+    """
+    found = _CHECKSUM_PREFIX.match(text)
+    if found is None:
+        if f'"{CHECKSUM_KEY}"' in text:
+            raise ValueError(f"its {CHECKSUM_KEY} is not the first key or not a 16-digit hex digest")
+        return
+    rest = "{" + text[found.end() :]
+    if text_checksum(rest) != found.group(1):
+        raise ValueError(f"its text does not match its {CHECKSUM_KEY} {found.group(1)} (the file changed)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -179,6 +214,12 @@ def _leaf_dict(record: LeafRecord) -> dict[str, Any]:
             for b in record.blocks
         ],
     }
+
+
+def stored_file(record: LeafRecord, block: Block) -> str:
+    """The file (or directory) of a step that holds ``block`` of ``record``."""
+    location = {**record.location, **block.location}
+    return str(location.get("file") or location.get("directory") or "")
 
 
 def safe_name(name: Any, what: str) -> str:

@@ -40,7 +40,7 @@ from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMis
 from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.boxes import Box, intersection, local_slices
 from ..model.delta import home_step
-from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
+from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding, stored_file
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
@@ -142,7 +142,7 @@ def restore_newest(
         corrupt = gather_phase(
             comm,
             f"restore step {step}: read",
-            lambda: _read_and_verify(_backend_of(manifest, backend), run_dir, step, pieces, comm.rank),
+            lambda: _read_and_verify(manifest, backend, run_dir, pieces, comm.rank),
         )
         findings = _merged(corrupt)
         if findings:
@@ -372,9 +372,17 @@ def _backend_of(manifest: Manifest, configured: Backend) -> Backend:
     return configured if manifest.backend == configured.name else open_backend(manifest.backend)
 
 
-def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, pieces: list[_Piece], rank: int) -> list[str]:
-    """Read the planned blocks; describe each block that fails verification."""
+def _read_and_verify(
+    manifest: Manifest, configured: Backend, run_dir: RunDirectory, pieces: list[_Piece], rank: int
+) -> list[str]:
+    """Read the planned blocks of ``manifest``'s step; describe each block that fails
+    verification, or why the step cannot be read (e.g. its backend is not installed)."""
     faults.point("restore.read")
+    step = manifest.step
+    try:
+        backend = _backend_of(manifest, configured)
+    except (ImportError, ValueError) as exc:
+        return [f"rank {rank} cannot read {run_dir.step_path(step)}: {type(exc).__name__}: {exc}"]
     requests = [piece.request for piece in pieces]
     by_home: dict[int, list[BlockData]] = {}
     for request in requests:
@@ -391,8 +399,9 @@ def _read_and_verify(backend: Backend, run_dir: RunDirectory, step: int, pieces:
         expected = request.block.checksum
         actual = block_checksum(request.array)
         if actual != expected:
+            where = run_dir.step_path(home_step(request.block, step)) / stored_file(request.record, request.block)
             findings.append(
-                f"leaf {request.record.path!r}, block of rank {request.block.rank}: "
+                f"leaf {request.record.path!r}, block of rank {request.block.rank} in {where}: "
                 f"{ALGORITHM} checksum {actual} != stored {expected}"
             )
     return findings

@@ -202,8 +202,12 @@ def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np
 
     if dataset_id.shape != shape:
         raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected {shape}")
-    if dataset_id.dtype != dtype:
-        raise KeyError(f"dataset {name} has dtype {dataset_id.dtype}, expected {dtype}")
+    try:
+        stored_dtype = dataset_id.dtype
+    except (TypeError, ValueError) as exc:  # a datatype NumPy has no dtype for (e.g. a 20-byte integer)
+        raise KeyError(f"dataset {name} has a datatype hpckpt cannot read ({exc}), expected {dtype}") from exc
+    if stored_dtype != dtype:
+        raise KeyError(f"dataset {name} has dtype {stored_dtype}, expected {dtype}")
     layout = dataset_id.get_create_plist().get_layout()
     stored = dataset_id.get_storage_size()
     if layout == h5d.CONTIGUOUS:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tests.fault.conftest import JOB_TIMEOUT, Finished
-from tests.processes import run_group
+from tests.processes import run_group, started_group
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 
@@ -32,13 +31,12 @@ def test_heat_mpirun_script_relaunches_after_a_crash(tmp_path, reference_checksu
 def test_sigterm_to_the_mpirun_script_checkpoints_and_exits_75(tmp_path):
     run_dir = tmp_path / "run"
     env = script_env(run_dir, HEAT_ARGS="--n 96 --iters 2000 --every 500 --pace 0.01")
-    process = subprocess.Popen(["bash", str(JOBS / "heat-mpirun.sh")], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    deadline = time.monotonic() + JOB_TIMEOUT
-    while not list(tmp_path.glob(".hpckpt-ready-*")) and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the ranks' handlers are in place (hpckpt run's ready file)
-    process.send_signal(signal.SIGTERM)  # no checkpoint is due before iteration 500
-    stdout, stderr = process.communicate(timeout=JOB_TIMEOUT)
+    with started_group(["bash", str(JOBS / "heat-mpirun.sh")], env=env, cwd=tmp_path) as process:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not list(tmp_path.glob(".hpckpt-ready-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the ranks' handlers are in place (hpckpt run's ready file)
+        process.send_signal(signal.SIGTERM)  # no checkpoint is due before iteration 500
+        stdout, stderr = process.communicate(timeout=JOB_TIMEOUT)
     assert process.returncode == 75, stderr[-3000:]
     stopped = re.search(r"^heat: stopped at iteration (\d+) on 4 ranks \(checkpoint step \1\): SIGTERM received$",
                         stdout, re.MULTILINE)

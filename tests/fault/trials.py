@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from hpckpt.storage.commit import RunDirectory
 from hpckpt.testing.faults import ENV as FAULT_ENV
 from hpckpt.testing.faults import LOG_ENV
 from tests.fault.conftest import JOB_TIMEOUT, Finished, run
-from tests.processes import kill_group
+from tests.processes import started_group
 
 TRIAL_ENV = "HPCKPT_TRIAL"  # tags the processes of one trial, for the external kill to find
 
@@ -63,11 +62,7 @@ def run_with_external_kill(command: list[str], ranks: int, rng: random.Random) -
     The kill must land: the victim is alive when signalled, else the trial fails.
     """
     token = uuid.uuid4().hex
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, TRIAL_ENV: token},
-    )  # fmt: skip
-    try:
+    with started_group(command, env={**os.environ, TRIAL_ENV: token}) as process:
         deadline = time.monotonic() + 20
         pids: dict[int, int] = {}
         while len(pids) < ranks and time.monotonic() < deadline and process.poll() is None:
@@ -80,8 +75,6 @@ def run_with_external_kill(command: list[str], ranks: int, rng: random.Random) -
         time.sleep(rng.uniform(0.3, 1.5))
         os.kill(pids[victim], signal.SIGKILL)  # ProcessLookupError: the kill came too late
         stdout, stderr = process.communicate(timeout=JOB_TIMEOUT)
-    finally:
-        kill_group(process.pid)
     return Finished(process.returncode, stdout, stderr), Landed(victim, "external", pids[victim])
 
 

@@ -1,7 +1,8 @@
 """A newest step whose manifest is valid JSON but wrong falls back to the older step.
 
 Wrong metadata (a changed global shape, dtype or block shape) looks like a state that
-changed; it is fatal only when no older step matches the state either.
+changed; it is fatal only when no older step matches the state either. (Changed bytes
+of a manifest hpckpt wrote are refused by its checksum: tests/unit/test_manifest.py.)
 """
 
 import json
@@ -26,6 +27,9 @@ def state_of(comm, value: float) -> dict:
 
 
 def damage(manifest: dict, how: str) -> None:
+    """Change one field of ``manifest`` as a buggy tool would: validly, without its checksum
+    (a manifest without one is read as written before 2026-12)."""
+    del manifest["manifest_checksum"]
     leaves = {leaf["path"]: leaf for leaf in manifest["leaves"]}
     if how == "global_shape":
         leaves["u"]["global_shape"][1] += 1

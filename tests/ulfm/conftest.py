@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.heat_output import Finished
-from tests.processes import kill_group, run_group
+from tests.processes import kill_group, run_group, started_group
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("HPCKPT_ULFM_VENV", REPO / ".venv-ulfm"))
@@ -75,37 +75,40 @@ def run_killing(
     pids (the first kill) or its previous recovery (each next one), for each (rank, delay).
     Only original processes are killed (a replacement's pid is reported at the end).
     ``while_stopped(rank)`` runs between a SIGSTOP and the SIGKILL (to lose its node's files)."""
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV, **(env or {})},
-        start_new_session=True,
-    )  # fmt: skip
-    # A hung job becomes a failure, not a hung test: the whole process group is killed.
-    watchdog = threading.Timer(JOB_TIMEOUT, kill_group, (process.pid,))
-    watchdog.start()
+    with started_group(command, env={**os.environ, **ENV, **(env or {})}) as process:
+        # A hung job becomes a failure, not a hung test: the whole process group is killed.
+        watchdog = threading.Timer(JOB_TIMEOUT, kill_group, (process.pid,))
+        watchdog.start()
+        try:
+            lines, pending = _kill_while_reading(process, kills, while_stopped)
+            process.wait()
+            stderr = process.stderr.read()
+        finally:
+            watchdog.cancel()
+    assert not pending, f"the job ended before every kill was made; stdout:\n{''.join(lines)}"
+    return Job(process.returncode, "".join(lines), stderr)
+
+
+def _kill_while_reading(
+    process: subprocess.Popen, kills: list[tuple[int, float]], while_stopped: Callable[[int], None] | None
+) -> tuple[list[str], list[tuple[int, float]]]:
+    """Read the job's stdout, making each kill when its line appears; (the lines, the kills not made)."""
     lines: list[str] = []
     pids: list[int] = []
     pending = list(kills)
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            started = STARTED.match(line)
-            if started:
-                pids = [int(pid) for pid in started.group(1).split(",")]
-            if pending and (started or line.startswith("heat: recovered")):
-                rank, delay = pending.pop(0)
-                time.sleep(delay)
-                if while_stopped is not None:
-                    os.kill(pids[rank], signal.SIGSTOP)
-                    while_stopped(rank)
-                os.kill(pids[rank], signal.SIGKILL)
-        process.wait()
-        stderr = process.stderr.read()
-    finally:
-        watchdog.cancel()
-        kill_group(process.pid)
-        process.wait()
-    assert not pending, f"the job ended before every kill was made; stdout:\n{''.join(lines)}"
-    return Job(process.returncode, "".join(lines), stderr)
+    for line in process.stdout:
+        lines.append(line)
+        started = STARTED.match(line)
+        if started:
+            pids = [int(pid) for pid in started.group(1).split(",")]
+        if pending and (started or line.startswith("heat: recovered")):
+            rank, delay = pending.pop(0)
+            time.sleep(delay)
+            if while_stopped is not None:
+                os.kill(pids[rank], signal.SIGSTOP)
+                while_stopped(rank)
+            os.kill(pids[rank], signal.SIGKILL)
+    return lines, pending
 
 
 @pytest.fixture(scope="session")

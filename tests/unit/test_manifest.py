@@ -8,7 +8,7 @@ import pytest
 
 from hpckpt import CorruptCheckpointError
 from hpckpt.model.delta import referenced_steps
-from hpckpt.model.manifest import Block, LeafRecord, Manifest
+from hpckpt.model.manifest import CHECKSUM_KEY, Block, LeafRecord, Manifest
 
 
 def make_manifest() -> Manifest:
@@ -33,6 +33,33 @@ def make_manifest() -> Manifest:
         committed=2.0,
         files={"data.h5": 10},
     )
+
+
+def unsigned(manifest: Manifest) -> dict:
+    """``manifest`` as a JSON body without its own checksum (as written before 2026-12), so
+    that a test can change fields and still have them parsed and validated."""
+    body = json.loads(manifest.to_json())
+    del body[CHECKSUM_KEY]
+    return body
+
+
+def test_every_changed_byte_of_a_written_manifest_is_refused():
+    text = make_manifest().to_json()
+    assert text.startswith('{"manifest_checksum":"')
+    for index in range(len(text)):
+        for changed in {chr(ord(text[index]) ^ 1), " "} - {text[index]}:
+            damaged = text[:index] + changed + text[index + 1 :]
+            with pytest.raises(CorruptCheckpointError, match=r"^m\.json: not a valid hpckpt manifest"):
+                Manifest.from_json(damaged, "m.json")
+    with pytest.raises(CorruptCheckpointError, match="does not match its manifest_checksum"):
+        Manifest.from_json(text[:-1], "m.json")  # even the final newline is covered
+
+
+def test_a_checksum_key_out_of_place_is_refused_and_none_is_accepted():
+    body = unsigned(make_manifest())
+    assert Manifest.from_json(json.dumps(body), "old.json").leaves == make_manifest().leaves  # before 2026-12
+    with pytest.raises(CorruptCheckpointError, match="manifest_checksum is not the first key"):
+        Manifest.from_json(json.dumps({**body, CHECKSUM_KEY: "0" * 16}), "m.json")
 
 
 def test_round_trip_is_exact():
@@ -103,7 +130,7 @@ def assert_consistent(manifest: Manifest) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(["step", "world_size", "files", "values", "leaves", "created", "file_checksums"]), JSON_VALUES)
 def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field, value):
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     body[field] = value
     try:
         parsed = Manifest.from_json(json.dumps(body), "fuzz.json")
@@ -115,7 +142,7 @@ def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field,
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(["path", "kind", "dtype", "global_shape", "blocks", "location", "encoding"]), JSON_VALUES)
 def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     body["leaves"][0][field] = value
     try:
         parsed = Manifest.from_json(json.dumps(body), "fuzz.json")
@@ -129,11 +156,11 @@ def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
     [("../escape.bin", "leaves the step directory"), ("/etc/passwd", "not a relative file name"), ("a/./b", "not normalised"), ("a\0b", "not a relative")],
 )
 def test_file_names_cannot_leave_the_step_directory(name, problem):
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     body["files"] = {name: 10}
     with pytest.raises(CorruptCheckpointError, match=problem):
         Manifest.from_json(json.dumps(body), "evil.json")
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     body["leaves"][0]["blocks"][0]["location"] = {"file": name, "offset": 0}
     with pytest.raises(CorruptCheckpointError, match=problem):
         Manifest.from_json(json.dumps(body), "evil.json")
@@ -141,7 +168,7 @@ def test_file_names_cannot_leave_the_step_directory(name, problem):
 
 def test_object_and_record_dtypes_are_refused():
     for dtype in ("|O", "[('a', '<i4')]", "<M8[s]"):
-        body = json.loads(make_manifest().to_json())
+        body = unsigned(make_manifest())
         body["leaves"][0]["dtype"] = dtype
         with pytest.raises(CorruptCheckpointError, match="evil.json: not a valid hpckpt manifest"):
             Manifest.from_json(json.dumps(body), "evil.json")
@@ -151,7 +178,7 @@ def test_object_and_record_dtypes_are_refused():
     ("leaf", "encoding"), [(0, "pickle"), (1, "pickle"), (1, "marshal"), (1, 3), (0, "bfloat16"), (1, "bfloat16")]
 )
 def test_only_local_bytes_can_be_marked_pickled_and_only_uint16_bfloat16(leaf, encoding):
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     body["leaves"][leaf]["encoding"] = encoding  # leaf 0 is distributed float64, leaf 1 local uint32
     with pytest.raises(CorruptCheckpointError, match="hpckpt writes only 'pickle' \\(local uint8\\) and 'bfloat16'"):
         Manifest.from_json(json.dumps(body), "evil.json")
@@ -167,7 +194,7 @@ def test_only_local_bytes_can_be_marked_pickled_and_only_uint16_bfloat16(leaf, e
      ({"data.h5": 7}, "not a hex digest")],
 )
 def test_file_checksums_name_files_of_the_step(checksums, problem):
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     body["file_checksums"] = checksums
     with pytest.raises(CorruptCheckpointError, match=problem):
         Manifest.from_json(json.dumps(body), "evil.json")
@@ -196,7 +223,7 @@ def test_incremental_manifests_are_version_2_and_their_references_point_back():
     ],
 )
 def test_references_to_other_steps_are_validated(change, problem):
-    body = json.loads(make_manifest().to_json())
+    body = unsigned(make_manifest())
     if "in_step" in change:
         body["leaves"][0]["blocks"][0]["location"]["in_step"] = change["in_step"]
     else:

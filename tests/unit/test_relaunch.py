@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from tests.processes import run_group
+from tests.processes import run_group, started_group
 
 
 def hpckpt_run(*args: str) -> subprocess.CompletedProcess:
@@ -59,12 +59,10 @@ def test_usr1_waits_until_the_command_is_ready_for_it(tmp_path):
         f'sleep 1; trap "echo got-usr1 >> {log}; exit 75" USR1; echo ready >> {log}; '
         'touch "$HPCKPT_READY_FILE"; while true; do sleep 0.05; done'
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hpckpt", "run", "--", "sh", "-c", script], stderr=subprocess.PIPE, text=True
-    )
-    first = process.stderr.readline()  # hpckpt run's handlers are in place; the command's trap is not
-    assert first.startswith("hpckpt run: attempt 1/4:")
-    process.send_signal(signal.SIGUSR1)  # would kill the command now
-    stderr = first + process.communicate(timeout=30)[1]
+    with started_group([sys.executable, "-m", "hpckpt", "run", "--", "sh", "-c", script]) as process:
+        first = process.stderr.readline()  # hpckpt run's handlers are in place; the command's trap is not
+        assert first.startswith("hpckpt run: attempt 1/4:")
+        process.send_signal(signal.SIGUSR1)  # would kill the command now
+        stderr = first + process.communicate(timeout=30)[1]
     assert process.returncode == 75, stderr
     assert log.read_text().split() == ["ready", "got-usr1"]
