@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import abort_job, describe_failure, gather_phase, io_deadline, run_phase
+from .._comm import abort_job, await_everyone, describe_failure, gather_phase, io_deadline, run_phase
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import as_host_array
@@ -233,7 +233,10 @@ def save_coordinated(
     def write() -> list[str]:
         try:
             faults.point("save.write")
+            if getattr(backend, "collective_write", False):  # a rank that never joins it is named here
+                await_everyone(comm, f"save step {step}: write (before the collective I/O)")
             with io_deadline(comm, f"save step {step}: write", sum(data.array.nbytes for data in own_blocks)):
+                faults.point("save.collective_io")
                 return backend.write(comm, temp, records, own_blocks)
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)

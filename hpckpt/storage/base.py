@@ -73,6 +73,9 @@ class Backend(Protocol):
     # Optional: ``writes_in_place = True`` says ``write`` overwrites files that already exist
     # in the step directory without truncating them first (and cuts them to size after):
     # retention then recycles the deleted step's files for the next save (storage/commit.py).
+    # Optional: ``collective_write = True`` says ``write`` makes collective calls inside the
+    # I/O library (ADIOS2's aggregation): the protocol then first waits, under the watchdog,
+    # for every rank to arrive, so that a rank that never joins is named (hpckpt/_comm.py).
     # Optional: ``encode(path, array) -> Encoded``, the bytes stored for a block of leaf
     # ``path`` (compression), called on each rank before the layout; ``layout`` then finds
     # each block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,

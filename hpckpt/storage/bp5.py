@@ -109,6 +109,7 @@ class ADIOS2Backend:
 
     name = "adios2"
     writes_in_place = True  # a recycled data.bp/ is written into (see write)
+    collective_write = True  # the aggregators gather the other ranks' data and metadata
 
     def __init__(self, parameters: Mapping[str, Any] | None = None, engine: str = "BP5") -> None:
         self._adios2 = _bindings()

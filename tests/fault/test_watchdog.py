@@ -61,10 +61,19 @@ def test_the_deadline_must_be_a_number(tmp_path):
     assert "HPCKPT_PHASE_TIMEOUT='soon': expected a number of seconds >= 0 (0 turns the watchdog off)" in bad.stderr
 
 
-def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
-    """Rank 1 stops before ADIOS2's collective write: the others wait inside ADIOS2, not at
-    an agreement, and each says so once the write's deadline has passed."""
+def test_a_rank_that_never_joins_the_collective_write_is_named(tmp_path):
+    """Rank 1 stops at the write of an ADIOS2 save: the others wait for it before entering
+    ADIOS2's collective I/O, where rank 0 can still see who is missing."""
     stderr = stopped_job_stderr(tmp_path, "save.write:1:stop:2", "adios2")
+    assert ("hpckpt: phase 'save step 20: write (before the collective I/O)': rank(s) 1 of 3 have not arrived; "
+            "the others wait there after") in stderr, stderr[-3000:]  # fmt: skip
+
+
+def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
+    """Rank 1 stops after every rank arrived, just before ADIOS2's collective write: the
+    others wait inside ADIOS2, not at an agreement, and say so once the write's deadline
+    has passed (from inside the library they cannot see who is missing)."""
+    stderr = stopped_job_stderr(tmp_path, "save.collective_io:1:stop:2", "adios2")
     reports = re.findall(r"hpckpt: phase 'save step 20: write': this rank is still inside the phase's collective I/O, "
                          r"which another rank has not joined or finished after \d+ s \(rank ([02]) on ", stderr)  # fmt: skip
     assert reports, stderr[-3000:]

@@ -100,14 +100,11 @@ class Job:
         return self.wait_until(lambda f: f["JobState"] == "COMPLETED", timeout, "COMPLETED")
 
     def wait_done(self, timeout: float = 50) -> dict[str, str]:
-        """Wait for a final state that lasts: a job requeueing itself can pass through FAILED."""
-        while True:
-            fields = self.wait_until(lambda f: f["JobState"] in FINAL_STATES, timeout, "finished")
-            self.wait_until(lambda _: not self.steps_alive(), timeout, "without running steps")
-            time.sleep(1.5)  # Slurm requeues a job only after its steps and epilog are done
-            again = self.show()
-            if again["JobState"] == fields["JobState"] and again["Restarts"] == fields["Restarts"]:
-                return again
+        """Wait for a final state and for the job's steps to end. Only for a job that does
+        not requeue itself (HPCKPT_REQUEUE=0): one that does passes through FAILED (use
+        :meth:`wait_completed`)."""
+        self.wait_until(lambda f: f["JobState"] in FINAL_STATES, timeout, "finished")
+        return self.wait_until(lambda _: not self.steps_alive(), timeout, "without running steps")
 
     def report(self) -> str:
         """The job's states as seen, its fields now, and the ends of its output files."""
