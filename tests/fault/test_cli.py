@@ -11,7 +11,7 @@ from hpckpt.progress import ProgressLine
 from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
 from tests.fault.test_interop import RANKS, save_known_state
 from tests.jobs.save_known_state import COLS, expected, rows_of
-from tests.processes import run_group
+from tests.processes import run_group, started_group
 
 BACKENDS = ["hdf5", "adios2", "posix"]
 
@@ -234,12 +234,9 @@ def test_inspect_names_each_blocks_codec(tmp_path):
 def test_gc_refuses_a_directory_a_live_job_holds_unless_forced(tmp_path):
     run_dir = tmp_path / "run"
     assert run(heat_command(2, run_dir, "--keep", "5", iters=60)).returncode == 0
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from hpckpt.storage.lock import RunLock; "
-         "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); sys.stdin.read()", str(run_dir)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
+    locker = [sys.executable, "-c", "import sys; from pathlib import Path; from hpckpt.storage.lock import RunLock; "
+              "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); sys.stdin.read()", str(run_dir)]
+    with started_group(locker, stdin=subprocess.PIPE) as holder:
         assert holder.stdout.readline() == "locked\n"
         refused = cli("gc", run_dir, "--keep", "1")
         assert refused.returncode == 2
@@ -249,5 +246,3 @@ def test_gc_refuses_a_directory_a_live_job_holds_unless_forced(tmp_path):
         forced = cli("gc", run_dir, "--keep", "1", "--force")
         assert forced.returncode == 0 and "deleting anyway (--force)" in forced.stderr
         assert [p.name for p in run_dir.glob("step-*")] == ["step-00000050"]
-    finally:
-        holder.communicate("", timeout=10)

@@ -57,7 +57,8 @@ def digest(array: np.ndarray) -> list:
 
 def save_known_state(directory, backend: str):
     command = ["mpiexec", "-n", str(RANKS), sys.executable, "-m", "tests.jobs.save_known_state", str(directory), backend]
-    subprocess.run(command, check=True, timeout=JOB_TIMEOUT, capture_output=True)
+    result = run_group(command, timeout=JOB_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
     return directory / "step-00000007"
 
 

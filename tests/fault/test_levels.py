@@ -9,12 +9,12 @@ flushed to the file system.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 
 import pytest
 
 from tests.fault.conftest import heat_command, relaunched, run
+from tests.processes import run_group
 
 NODE = {"HPCKPT_RANKS_PER_NODE": "2"}
 
@@ -59,7 +59,7 @@ def test_a_kill_during_a_background_flush_keeps_the_previous_flushed_step(tmp_pa
     crashed = run(command, env={**NODE, "HPCKPT_FAULT": "save.write:1:kill:6"})
     assert crashed.returncode != 0
     assert sorted(p.name for p in (tmp_path / "pfs").glob("step-*")) == ["step-00000020", "step-00000040.tmp"]
-    verified = subprocess.run([sys.executable, "-m", "hpckpt", "verify", str(tmp_path / "pfs")], capture_output=True, text=True)
+    verified = run_group([sys.executable, "-m", "hpckpt", "verify", str(tmp_path / "pfs")], timeout=60)
     assert verified.returncode == 0 and verified.stdout.startswith("step 20: OK")
     result = run(relaunched(command), env=NODE)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,6 +1,5 @@
 """Pickled leaves: stored on every backend, never unpickled without allow_pickle=True."""
 
-import subprocess
 import sys
 import warnings
 from fractions import Fraction
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 
 import hpckpt
+from tests.processes import run_group
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -60,10 +60,9 @@ def test_without_allow_pickle_nothing_is_unpickled_and_every_rank_is_told(world,
     world.Barrier()
     if world.rank == 0:  # the command-line tools read it without unpickling either
         for command in ("inspect", "verify"):
-            result = subprocess.run([sys.executable, "-m", "hpckpt", command, str(run_dir)], capture_output=True, text=True)
+            result = run_group([sys.executable, "-m", "hpckpt", command, str(run_dir)], timeout=60)
             assert result.returncode == 0, result.stderr
-        assert "pickled object" in subprocess.run([sys.executable, "-m", "hpckpt", "inspect", str(run_dir)],
-                                                  capture_output=True, text=True).stdout
+        assert "pickled object" in run_group([sys.executable, "-m", "hpckpt", "inspect", str(run_dir)], timeout=60).stdout
     assert not marker.exists()
 
 

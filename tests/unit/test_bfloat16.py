@@ -1,13 +1,13 @@
 """NumPy bfloat16 arrays (ml_dtypes, as JAX gives them) saved as their bits and restored
 bit for bit, on every backend (COMM_SELF). torch bfloat16 tensors: tests/mpi/test_torch.py."""
 
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import hpckpt
+from tests.processes import run_group
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (make install adds it)")
 MPI = pytest.importorskip("mpi4py.MPI")
@@ -53,7 +53,7 @@ def test_a_resizable_bfloat16_leaf_comes_back_as_bfloat16(tmp_path):
 def test_inspect_and_verify_name_bfloat16_leaves(tmp_path):
     with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
         checkpointer.save(3, {"w": hpckpt.Replicated(numbers(1))})
-    shown = subprocess.run([sys.executable, "-m", "hpckpt", "inspect", tmp_path / "run"], capture_output=True, text=True)
+    shown = run_group([sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "run")], timeout=60)
     assert "  w: replicated bfloat16 (stored as uint16 bits) (5, 8)" in shown.stdout, shown.stdout + shown.stderr
-    verified = subprocess.run([sys.executable, "-m", "hpckpt", "verify", tmp_path / "run"], capture_output=True, text=True)
+    verified = run_group([sys.executable, "-m", "hpckpt", "verify", str(tmp_path / "run")], timeout=60)
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -1,6 +1,5 @@
 """Backend registry errors and the POSIX backend's layout and writes (no mpiexec; COMM_SELF)."""
 
-import subprocess
 import sys
 
 import numpy as np
@@ -8,6 +7,7 @@ import pytest
 
 from hpckpt.model.manifest import Block, LeafRecord
 from hpckpt.storage import backend_names, open_backend, register_backend
+from tests.processes import run_group
 
 
 def record(path: str, kind: str, shapes: list[tuple[int, ...]], dtype: str = "<f8") -> LeafRecord:
@@ -38,7 +38,8 @@ def test_a_missing_library_says_how_to_install_it(name, module, advice):
         "from hpckpt.storage import open_backend\n"
         f"try:\n    open_backend({name!r})\nexcept ImportError as exc:\n    print(exc)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = run_group([sys.executable, "-c", code], timeout=60)
+    assert result.returncode == 0, result.stderr
     assert f"the {name} backend needs" in result.stdout and advice in result.stdout
 
 
