@@ -19,6 +19,7 @@ from .errors import (
     UnsafeLoadError,
 )
 from .model.leaves import Distributed, Local, Pickled, Replicated
+from .options import NodeLocal, Options, Retention, Storage
 from .schedule import Schedule
 
 __version__ = "0.1.0"
@@ -33,12 +34,16 @@ __all__ = [
     "HpckptError",
     "InvalidStateError",
     "Local",
+    "NodeLocal",
     "NoSpaceError",
+    "Options",
     "PickleWarning",
     "Pickled",
     "Replicated",
+    "Retention",
     "Schedule",
     "StateMismatchError",
+    "Storage",
     "UlfmUnavailableError",
     "UnsafeLoadError",
     "__version__",

@@ -16,6 +16,7 @@ from .errors import CheckpointFallbackWarning, CollectiveError, PickleWarning, U
 from .levels.store import NodeLocalStore, default_local_root
 from .model.leaves import Pickled
 from .model.tree import flatten
+from .options import Options
 from .protocols import PROTOCOLS
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
@@ -26,7 +27,7 @@ from .recovery.restart import list_committed_steps, restore_newest
 from .schedule import Schedule
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
-from .storage.lustre import Striping, backend_defaults
+from .storage.lustre import backend_defaults
 from .storage.lock import RunLock
 
 if TYPE_CHECKING:
@@ -125,6 +126,10 @@ class Checkpointer:
         clear error otherwise), the posix backend, blocking saves (flushes of a
         node-local level too), and the application communicating through :attr:`comm`
         only (see ``docs/ulfm.md``).
+    options
+        All of the above (but ``comm``) as one :class:`~hpckpt.options.Options`, instead
+        of the keyword arguments. Every option is checked before anything is taken (a
+        communicator, the run directory's lock): a ValueError naming it.
 
     Examples
     --------
@@ -158,30 +163,27 @@ class Checkpointer:
         striping: dict[str, int] | None = None,
         incremental: int = 0,
         recovery: str | None = None,
+        options: Options | None = None,
     ) -> None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
-        if best not in ("min", "max"):
-            raise ValueError(f"best must be 'min' or 'max', got {best!r}")
-        if isinstance(keep_best, bool) or not isinstance(keep_best, int) or keep_best < 0:
-            raise ValueError(f"keep_best must be an integer >= 0, got {keep_best!r}")
-        if isinstance(incremental, bool) or not isinstance(incremental, int) or incremental < 0:
-            raise ValueError(f"incremental must be an integer >= 0 (a full step every k saves), got {incremental!r}")
-        if incremental and protocol != "coordinated":
-            raise ValueError("incremental saves work with the coordinated protocol only")
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be an integer >= 1, got {max_in_flight!r}")
+        given = Options.from_keywords(
+            backend=backend, backend_options=backend_options, protocol=protocol, keep=keep,
+            durable_determinants=durable_determinants, max_in_flight=max_in_flight, keep_best=keep_best, best=best,
+            schedule=schedule, local_dir=local_dir, redundancy=redundancy, group_size=group_size,
+            flush_every=flush_every, striping=striping, incremental=incremental, recovery=recovery,
+        )  # fmt: skip
+        if options is not None and given != Options():
+            raise ValueError("give either options=Options(...) or the option keyword arguments, not both")
+        self.options = options = options or given
+        storage = options.storage
+        self.backend = open_backend(storage.backend, backend_defaults(storage.backend, storage.striping, storage.backend_options)
+                                    if isinstance(storage.backend, str) else storage.backend_options)  # fmt: skip
         if comm is None:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
-        self.recovery = recovery
         self.last_recovery: ulfm.Repair | None = None
         self.recoveries: list[ulfm.Repair] = []  # every repair this process took part in
-        if recovery is not None:
-            check_recovery_options(recovery, backend)
+        if options.recovery is not None:
             ulfm.check_support(comm)
             parent = ulfm.parent_of_replacement()
             if parent is not None:  # this process replaces a lost rank of a running job
@@ -189,44 +191,42 @@ class Checkpointer:
                 self.recoveries.append(self.last_recovery)
                 comm = self.last_recovery.comm
                 os.environ[ATTEMPT_ENV] = "replacement"  # injected faults fire in the first process only
-        stripes = Striping.of(striping)
-        self.run_dir = RunDirectory(directory, stripes)
-        self.protocol = protocol
-        self.keep = keep
-        self.incremental = incremental
-        if isinstance(backend, str):
-            backend_options = backend_defaults(backend, stripes, backend_options)
-        self.backend = open_backend(backend, backend_options)
+        self.run_dir = RunDirectory(directory, storage.striping)
         self._lock = RunLock(self.run_dir.root)
         self._comm: MPI.Comm | None = None
-        self._attach(comm)
-        if self.last_recovery is not None:
-            self.last_recovery.comm.Free()
         self._rank: UncoordinatedRank | None = None
-        if protocol == "uncoordinated":
-            self._rank = UncoordinatedRank(
-                self._comm, self.run_dir.root, self.backend, keep, durable_determinants=durable_determinants
-            )
-            if recovery is not None:  # survivors of a failure go on where they are
-                self._rank.comm.on_failure = self._continue_after_failure
-        self.max_in_flight = max_in_flight
-        self.keep_best, self.best, self.schedule = keep_best, best, schedule
         self._local: NodeLocalStore | None = None
-        self.flush_every = flush_every
+        self._background: BackgroundSaver | None = None
+        try:
+            self._attach(comm)
+            if self.last_recovery is not None:
+                self.last_recovery.comm.Free()
+            self._start_mode(options)
+        except BaseException:  # a held lock, too few nodes for the redundancy: leave nothing taken
+            self.close(drain=False)
+            raise
         self.restored_level: str | None = None
         self._local_saves = 0
-        if local_dir is not None or redundancy is not None:
-            if protocol != "coordinated":
-                raise ValueError("local_dir and redundancy work with the coordinated protocol only")
-            root = default_local_root(self.run_dir.root) if local_dir in (None, "default") else Path(local_dir)
-            self._local_args = (root, redundancy or "none", group_size, keep)
-            self._local = NodeLocalStore(self._comm, *self._local_args)
-        self._background: BackgroundSaver | None = None
         self._reported = 0
         self.snapshot_seconds = 0.0  # how long the last non-blocking save blocked the caller
         self.last_save: SaveReport | None = None
         self.save_seconds = 0.0
         self.saves = 0
+
+    def _start_mode(self, options: Options) -> None:
+        """Set up the uncoordinated rank or the node-local store (collective where they are)."""
+        if options.protocol == "uncoordinated":
+            self._rank = UncoordinatedRank(
+                self._comm, self.run_dir.root, self.backend, options.retention.keep,
+                durable_determinants=options.durable_determinants,
+            )  # fmt: skip
+            if options.recovery is not None:  # survivors of a failure go on where they are
+                self._rank.comm.on_failure = self._continue_after_failure
+        levels = options.node_local
+        if levels is not None:
+            root = default_local_root(self.run_dir.root) if levels.directory == "default" else Path(levels.directory)
+            self._local_args = (root, levels.redundancy, levels.group_size, options.retention.keep)
+            self._local = NodeLocalStore(self._comm, *self._local_args)
 
     @property
     def comm(self) -> Any:
@@ -293,19 +293,20 @@ class Checkpointer:
             report = self._rank.save(step, state)
         else:
             report = self._commit_step(self._comm, step, state, metric, base)
-        if self.schedule is not None:
-            self.schedule.saved(time.perf_counter() - started)
+        if self.options.schedule is not None:
+            self.options.schedule.saved(time.perf_counter() - started)
         self._record(report)
         return None
 
     def _save_multilevel(self, step: int, state: Any, metric: float | None, started: float) -> SaveHandle | None:
         report = self._local.save(step, state, metric)
         self._local_saves += 1
-        if self.schedule is not None:
-            self.schedule.saved(time.perf_counter() - started)
+        if self.options.schedule is not None:
+            self.options.schedule.saved(time.perf_counter() - started)
         self._record(report)
-        if self.flush_every and self._local_saves % self.flush_every == 0:
-            if self.recovery is not None:  # a flush in a background thread could not be repaired
+        flush_every = self.options.node_local.flush_every
+        if flush_every and self._local_saves % flush_every == 0:
+            if self.options.recovery is not None:  # a flush in a background thread could not be repaired
                 self._record(self._commit_step(self._comm, step, state, metric))
                 return None
             return self._save_in_background(step, state, metric)
@@ -316,8 +317,8 @@ class Checkpointer:
     ) -> SaveReport:
         return save_coordinated(
             comm, self.run_dir, self.backend, step, state,
-            keep=self.keep, keep_best=self.keep_best, best=self.best, metric=metric,
-            incremental=self.incremental, base=base,
+            keep=self.options.retention.keep, keep_best=self.options.retention.keep_best,
+            best=self.options.retention.best, metric=metric, incremental=self.options.storage.incremental, base=base,
         )  # fmt: skip
 
     def due(self, step: int) -> bool:
@@ -326,10 +327,10 @@ class Checkpointer:
         Collective over ``comm`` for time-based schedules (one small all-reduce), so
         every rank gets the same answer; call it on every rank at every step.
         """
-        if self.schedule is None:
+        if self.options.schedule is None:
             raise ValueError("due() needs a schedule: Checkpointer(..., schedule=hpckpt.Schedule(...))")
         self._settle()
-        return self.schedule.due(step, self._comm)
+        return self.options.schedule.due(step, self._comm)
 
     def _record(self, report: SaveReport) -> None:
         self.last_save = report
@@ -339,11 +340,11 @@ class Checkpointer:
     def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:
         if self._rank is not None:
             raise ValueError("blocking=False is available with the coordinated protocol only")
-        if self.recovery is not None:
+        if self.options.recovery is not None:
             raise ValueError("blocking=False is not available with recovery='ulfm' (a background save cannot be repaired)")
         self._settle()
         if self._background is None:
-            self._background = BackgroundSaver(self._comm, self.max_in_flight)
+            self._background = BackgroundSaver(self._comm, self.options.max_in_flight)
         background = self._background
         staged: list[tuple[Any, dict]] = []
         started = time.perf_counter()
@@ -356,8 +357,8 @@ class Checkpointer:
         frozen, buffers = staged[0]
         index = background.enqueue(lambda comm: self._commit_step(comm, step, frozen, metric, base), buffers)
         self.snapshot_seconds = time.perf_counter() - started
-        if self.schedule is not None:
-            self.schedule.saved(self.snapshot_seconds)
+        if self.options.schedule is not None:
+            self.options.schedule.saved(self.snapshot_seconds)
         return SaveHandle(self, index, step)
 
     def _settle(self, *, wait: bool = False, until: int | None = None) -> None:
@@ -444,7 +445,7 @@ class Checkpointer:
                 for _, leaf in pickled:
                     leaf.unpickle()
 
-            if self._rank is not None and self.recovery is not None:
+            if self._rank is not None and self.options.recovery is not None:
                 unpickle()  # not a phase: survivors of an in-job repair do not restore (see recover)
             else:
                 run_phase(self._comm, f"restore step {step}: unpickle", unpickle)
@@ -511,7 +512,7 @@ class Checkpointer:
             ``failure`` itself, unchanged, when it is not a process failure (or
             ``recovery`` is not ``"ulfm"``).
         """
-        if self.recovery != "ulfm" or not (ulfm.is_process_failure(failure) or ulfm.peers_failed(self._comm)):
+        if self.options.recovery != "ulfm" or not (ulfm.is_process_failure(failure) or ulfm.peers_failed(self._comm)):
             raise failure
         self._repair()
         if self._rank is not None:  # this rank goes back to its own newest checkpoint; the others may go on
@@ -603,18 +604,6 @@ class Checkpointer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close(drain=exc_type is None)  # no collective drain while an error unwinds one rank
-
-
-def check_recovery_options(recovery: str, backend: str | Backend) -> None:
-    """ValueError unless ``recovery`` can work with the other options (see Checkpointer)."""
-    if recovery not in ulfm.RECOVERY_MODES:
-        raise ValueError(f"unknown recovery {recovery!r}; available: {', '.join(ulfm.RECOVERY_MODES)} (or None)")
-    name = backend if isinstance(backend, str) else getattr(backend, "name", type(backend).__name__)
-    if name != "posix":
-        raise ValueError(
-            f"recovery='ulfm' works with backend='posix' only (got backend={name!r}); "
-            "collective-I/O backends (hdf5, adios2) are not supported yet"
-        )
 
 
 def pickled_leaves(state: Any, allow_pickle: bool) -> list[tuple[str, Pickled]]:

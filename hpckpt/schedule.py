@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._checks import require_count
+
 if TYPE_CHECKING:
     from mpi4py import MPI
 
@@ -64,8 +66,8 @@ class Schedule:
     ) -> None:
         if sum((steps is not None, seconds is not None, auto)) != 1:
             raise ValueError("give exactly one of steps=N, seconds=T or auto=True")
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+        if steps is not None:
+            require_count(steps, "steps", 1)
         if seconds is not None and not seconds > 0:
             raise ValueError(f"seconds must be > 0, got {seconds!r}")
         if auto and mtbf is None:

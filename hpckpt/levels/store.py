@@ -80,8 +80,6 @@ class NodeLocalStore:
     """
 
     def __init__(self, comm: MPI.Comm, root: Path, redundancy: str, group_size: int, keep: int) -> None:
-        if redundancy not in REDUNDANCY:
-            raise ValueError(f"redundancy must be one of {', '.join(REDUNDANCY)}, got {redundancy!r}")
         self.comm, self.redundancy, self.keep = comm, redundancy, keep
         self.nodes = node_of_each_rank(comm)
         rank, self.node = comm.rank, self.nodes[comm.rank]

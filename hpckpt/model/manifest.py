@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import is_count
 from ..checksum import text_checksum
 from ..errors import CorruptCheckpointError
 
@@ -253,7 +254,7 @@ def _location(raw: Any, what: str, step: int) -> dict[str, Any]:
 
 
 def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not is_count(value):
         raise ValueError(f"{what} is {value!r}, not an integer >= 0")
     return value
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
 from .base import BlockData
 
@@ -78,8 +79,8 @@ class HDF5Backend:
     ) -> None:
         self._h5py = _h5py()
         for name, value in (("alignment", alignment), ("alignment_threshold", alignment_threshold)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"hdf5 backend: {name} must be an integer >= 1, got {value!r}")
+            if value is not None:
+                require_count(value, f"hdf5 backend: {name}", 1)
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._checks import require_count
+
 
 @dataclass(frozen=True)
 class Striping:
@@ -37,8 +39,7 @@ class Striping:
             raise ValueError(f"striping must be a dict with keys 'count' and 'size', got {value!r}")
         count, size = value["count"], value["size"]
         for name, number in (("count", count), ("size", size)):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"striping {name} must be an integer >= 1, got {number!r}")
+            require_count(number, f"striping {name}", 1)
         if size % 65536:
             raise ValueError(f"striping size must be a multiple of 64 KiB (Lustre's rule), got {size}")
         return cls(count, size)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
 from . import codec
 from .base import BlockData, Encoded
@@ -52,9 +53,7 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _positive_int(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"posix backend: {name} must be an integer >= 1, got {value!r}")
-    return value
+    return require_count(value, f"posix backend: {name}", 1)
 
 
 def _world_size(records: Sequence[LeafRecord]) -> int:
