@@ -16,7 +16,7 @@ from .catalog import CheckpointReader, Progress
 from .storage import open_backend
 from .storage.base import BlockData
 from .storage.commit import RunDirectory, sync_files
-from .testing import faults
+from ._hooks import point
 
 
 def convert_step(
@@ -61,7 +61,7 @@ def convert_step(
                 progress(array.nbytes)
     temp = target_dir.prepare(step)
     files = backend.write(MPI.COMM_SELF, temp, records, blocks)
-    faults.point("convert.written")
+    point("convert.written")
     converted = replace(
         manifest,
         backend=backend.name,

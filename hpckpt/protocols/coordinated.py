@@ -42,7 +42,7 @@ from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
-from ..testing import faults
+from .._hooks import point
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -205,7 +205,7 @@ def save_coordinated(
             seconds[name] = time.perf_counter() - start
 
     def plan() -> tuple[int, RankPlan]:
-        faults.point("save.plan")
+        point("save.plan")
         rank_plan, arrays = plan_local(state, getattr(backend, "encode", None))
         staged.update(arrays)
         return step, rank_plan
@@ -232,11 +232,11 @@ def save_coordinated(
 
     def write() -> list[str]:
         try:
-            faults.point("save.write")
+            point("save.write")
             if getattr(backend, "collective_write", False):  # a rank that never joins it is named here
                 await_everyone(comm, f"save step {step}: write (before the collective I/O)")
             with io_deadline(comm, f"save step {step}: write", sum(data.array.nbytes for data in own_blocks)):
-                faults.point("save.collective_io")
+                point("save.collective_io")
                 return backend.write(comm, temp, records, own_blocks)
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
@@ -245,7 +245,7 @@ def save_coordinated(
     files = timed("write", write)
 
     def sync() -> dict[str, int]:
-        faults.point("save.sync")
+        point("save.sync")
         return sync_files(temp, backend.written_files(files, rank, comm.size))
 
     durable_sizes = merge_sizes(timed("sync", sync, gather_phase))
@@ -267,14 +267,14 @@ def save_coordinated(
     )
 
     def commit() -> None:
-        faults.point("save.commit")
+        point("save.commit")
         if rank == 0:
             run_dir.commit(manifest, durable_sizes)
 
     timed("commit", commit)
 
     def retain() -> list[int]:
-        faults.point("save.retain")
+        point("save.retain")
         recycle = getattr(backend, "writes_in_place", False)
         return run_dir.retain(keep, keep_best, best, recycle=recycle) if rank == 0 else []
 

@@ -45,7 +45,7 @@ from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
-from ..testing import faults
+from .._hooks import point
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -377,7 +377,7 @@ def _read_and_verify(
 ) -> list[str]:
     """Read the planned blocks of ``manifest``'s step; describe each block that fails
     verification, or why the step cannot be read (e.g. its backend is not installed)."""
-    faults.point("restore.read")
+    point("restore.read")
     step = manifest.step
     try:
         backend = _backend_of(manifest, configured)

@@ -36,7 +36,7 @@ from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
 from ..model.delta import referenced_steps
 from ..model.manifest import Manifest
-from ..testing import faults
+from .._hooks import point
 from .lustre import Striping, set_stripe
 
 MANIFEST_NAME = "manifest.json"
@@ -200,7 +200,7 @@ class RunDirectory:
             set_stripe(temp, self.striping)
         for name in spare:
             os.replace(recycle / name, temp / name)
-            faults.point("prepare.recycle")
+            point("prepare.recycle")
         self._recycled = set(spare)
         return temp
 
@@ -232,27 +232,27 @@ class RunDirectory:
                 raise RuntimeError(f"commit of step {step}: no writer made {temp / name} durable")
         checksums = {name: file_checksum(temp / name) for name in manifest.file_checksums}
         manifest = replace(manifest, files=sizes, file_checksums=checksums)
-        faults.point("commit.manifest")
+        point("commit.manifest")
         manifest_file = temp / MANIFEST_NAME
         descriptor = os.open(manifest_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         with open(descriptor, "w", encoding="utf-8") as handle:
             handle.write(manifest.to_json())
             handle.flush()
             os.fsync(handle.fileno())
-        faults.point("commit.fsync")
+        point("commit.fsync")
         _fsync_path(temp)
         final = self.step_path(step)
-        faults.point("commit.rename")
+        point("commit.rename")
         if final.exists() and _exchange(temp, final):
             _fsync_path(self.root)
-            faults.point("commit.exchanged")
+            point("commit.exchanged")
             shutil.rmtree(temp)  # the old step, under the name of an uncommitted one
             return final
         replaced = final.with_name(final.name + ".replaced")
         if final.exists():  # no atomic exchange here: a moment without step N
             os.replace(final, replaced)
         os.replace(temp, final)
-        faults.point("commit.renamed")
+        point("commit.renamed")
         _fsync_path(self.root)
         if replaced.exists():
             shutil.rmtree(replaced)
@@ -285,10 +285,10 @@ class RunDirectory:
             path = self.step_path(step)
             deleting = path.with_name(path.name + ".deleting")
             os.replace(path, deleting)
-            faults.point("retain.deleting")
+            point("retain.deleting")
             if recycle and step == doomed[-1]:
                 self._keep_files_of(deleting, recycle_dir)
-                faults.point("retain.recycled")
+                point("retain.recycled")
             shutil.rmtree(deleting)
             self._references.pop(step, None)
         for entry in os.scandir(self.root):

@@ -35,9 +35,10 @@ import os
 import signal
 from collections import Counter
 
+from .._hooks import FAULT_PLAN_ENV, install_point_hook
 from ..recovery.relaunch import ATTEMPT_ENV
 
-ENV = "HPCKPT_FAULT"
+ENV = FAULT_PLAN_ENV
 LOG_ENV = "HPCKPT_FAULT_LOG"
 ACTIONS = ("kill", "raise", "stop")
 _reached: Counter[str] = Counter()
@@ -60,8 +61,9 @@ def _world_rank() -> int:
     return MPI.COMM_WORLD.rank
 
 
-def point(name: str) -> None:
-    """Mark that this process reached point ``name``; act if ``HPCKPT_FAULT`` asks to.
+def reach(name: str) -> None:
+    """This process reached point ``name`` (the hook of :func:`hpckpt._hooks.point`,
+    installed when this module is imported): act if ``HPCKPT_FAULT`` asks to.
 
     The rank in ``HPCKPT_FAULT`` is the process's rank in ``COMM_WORLD`` (the
     uncoordinated protocol saves on ``COMM_SELF``, where every rank is 0).
@@ -113,3 +115,6 @@ def _log(line: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+install_point_hook(reach)

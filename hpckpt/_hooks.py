@@ -1,0 +1,27 @@
+"""Named points on the save, commit and restore paths, where a test harness may act.
+
+The library calls :func:`point` (``"save.write"``, ``"commit.rename"``, ...; the list is
+in :mod:`hpckpt.testing.faults`); nothing happens unless a hook is installed. Fault
+injection installs one when :mod:`hpckpt.testing.faults` is imported, which ``import
+hpckpt`` does when ``HPCKPT_FAULT`` names a fault plan: the protocols never import the
+test package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+FAULT_PLAN_ENV = "HPCKPT_FAULT"
+_hook: Callable[[str], None] | None = None
+
+
+def install_point_hook(hook: Callable[[str], None] | None) -> None:
+    """Call ``hook(name)`` at every point from now on (None: no hook)."""
+    global _hook
+    _hook = hook
+
+
+def point(name: str) -> None:
+    """This process reached point ``name``: the installed hook may act (kill, raise, stop)."""
+    if _hook is not None:
+        _hook(name)
