@@ -5,7 +5,7 @@ ULFM_VENV ?= .venv-ulfm
 MPIEXEC ?= mpiexec
 NP      ?= 4
 
-.PHONY: install test test-unit test-fault test-mpi test-lab test-slurm test-ulfm soak demo bench clean
+.PHONY: install test lint test-unit test-fault test-mpi test-lab test-slurm test-ulfm soak demo bench clean
 
 install:
 	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
@@ -13,7 +13,11 @@ install:
 	bash tools/install-lab.sh
 
 test: install
-	$(MAKE) test-unit test-fault test-mpi test-lab test-slurm test-ulfm
+	$(MAKE) lint test-unit test-fault test-mpi test-lab test-slurm test-ulfm
+
+# ruff (the rule set is in pyproject.toml) over the library, the tests, perf/ and tools/.
+lint:
+	$(PY) -m ruff check hpckpt tests perf tools
 
 test-unit:
 	$(PY) -m pytest tests/unit tests/gpu -q -rs

@@ -24,9 +24,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar

@@ -17,7 +17,6 @@ from .levels.store import NodeLocalStore, default_local_root
 from .model.leaves import Pickled
 from .model.tree import flatten
 from .options import Options
-from .protocols import PROTOCOLS
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
 from .protocols.uncoordinated import UncoordinatedRank
@@ -27,8 +26,8 @@ from .recovery.restart import list_committed_steps, restore_newest
 from .schedule import Schedule
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory
-from .storage.lustre import backend_defaults
 from .storage.lock import RunLock
+from .storage.lustre import backend_defaults
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -484,7 +483,9 @@ class Checkpointer:
         """Duplicate ``comm`` for hpckpt and take the run directory's lock on its rank 0."""
         self._comm = comm.Dup()
         run_phase(
-            self._comm, "open run directory", lambda: self._lock.acquire() if self._comm.rank == 0 and not self._lock.held else None
+            self._comm,
+            "open run directory",
+            lambda: self._lock.acquire() if self._comm.rank == 0 and not self._lock.held else None,
         )
 
     def recover(self, state: Any, failure: BaseException, *, allow_pickle: bool = False) -> int | None:

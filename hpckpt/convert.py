@@ -12,11 +12,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from ._hooks import point
 from .catalog import CheckpointReader, Progress
 from .storage import open_backend
 from .storage.base import BlockData
 from .storage.commit import RunDirectory, sync_files
-from ._hooks import point
 
 
 def convert_step(

@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+
 from common import fresh_directory, memcpy_seconds, rank_rows
 
 

@@ -24,9 +24,10 @@ import zstandard
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, time_ways
 from hpckpt.examples import heat, train
 from hpckpt.storage import codec
+
+from common import fresh_directory, time_ways
 
 
 def heat_field(n: int = 2048, sweeps: int = 300) -> np.ndarray:

@@ -51,7 +51,9 @@ def job(directory: str, mib: int, repeat: int) -> None:
     syncs = {
         "per-rank": sync_files,
         "rank0": _rank0(comm),
-        "none": lambda directory, names: {name: (directory / name).stat().st_size for name in names if not (directory / name).is_dir()},
+        "none": lambda directory, names: {
+            name: (directory / name).stat().st_size for name in names if not (directory / name).is_dir()
+        },
     }
     times: dict[str, dict[str, list[float]]] = {backend: {mode: [] for mode in MODES} for backend in BACKENDS}
     for backend in BACKENDS:
@@ -103,7 +105,8 @@ def main() -> None:
     command = [sys.executable, str(Path(__file__).resolve()), "--mib", str(args.mib), "--repeat", str(args.repeat)]
     scratch = Path(args.dir).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
-    plain = subprocess.run(["mpiexec", "-n", "2", *command, "--job", str(scratch / "plain")], capture_output=True, text=True, timeout=1200)
+    plain = subprocess.run(["mpiexec", "-n", "2", *command, "--job", str(scratch / "plain")],
+                           capture_output=True, text=True, timeout=1200)
     if plain.returncode != 0:
         raise SystemExit(plain.stderr[-3000:])
     results = {"plain disk, 2 ranks": json.loads(plain.stdout.strip().splitlines()[-1])}

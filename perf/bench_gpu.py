@@ -35,8 +35,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory
 from hpckpt.buffers.device import STAGER
+
+from common import fresh_directory
 
 LEAVES = 4
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 import hpckpt
+
 from common import fresh_directory, print_bandwidths, rank_rows, time_ways
 
 

@@ -22,8 +22,9 @@ import shutil
 from mpi4py import MPI
 
 import hpckpt
-from common import fresh_directory, print_bandwidths, rank_rows, time_ways, write_plain_adios2, write_plain_h5py, write_raw
 from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
+
+from common import fresh_directory, print_bandwidths, rank_rows, time_ways, write_plain_adios2, write_plain_h5py, write_raw
 
 
 def main() -> None:

@@ -25,17 +25,18 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+
 from common import fresh_directory, rank_rows
 
 
-def exchange(comm, row: np.ndarray, halo: np.ndarray) -> None:  # noqa: ANN001
+def exchange(comm, row: np.ndarray, halo: np.ndarray) -> None:
     up = comm.rank - 1 if comm.rank > 0 else MPI.PROC_NULL
     down = comm.rank + 1 if comm.rank < comm.size - 1 else MPI.PROC_NULL
     comm.Sendrecv(row, dest=up, sendtag=1, recvbuf=halo, source=down, recvtag=1)
     comm.Sendrecv(row, dest=down, sendtag=2, recvbuf=halo, source=up, recvtag=2)
 
 
-def time_exchanges(comm, row: np.ndarray, iterations: int, checkpointer=None) -> float:  # noqa: ANN001
+def time_exchanges(comm, row: np.ndarray, iterations: int, checkpointer=None) -> float:
     """Seconds per exchange; with a checkpointer, a tiny save every 100 (not timed)."""
     halo = np.empty_like(row)
     state = {"it": 0}

@@ -38,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+
 from common import fresh_directory, memcpy_seconds, rank_rows, timed, write_plain_adios2, write_plain_h5py, write_raw
 
 BACKENDS = ("hdf5", "adios2", "posix")
@@ -296,7 +297,9 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
                     np.sqrt(work, out=work)
             checkpointer.wait()
         steady = max(comm.allgather(statistics.median(blocked[1:])))
-        result["backends"][name] = {"first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / result["memcpy_s"]}
+        result["backends"][name] = {
+            "first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / result["memcpy_s"]
+        }
     return result
 
 

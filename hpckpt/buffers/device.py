@@ -52,7 +52,7 @@ def _cupy(path: str) -> Any:
         ) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - CUDA driver errors come in many types
+    except Exception as exc:
         raise InvalidStateError(f"leaf {path!r} is a device array but CUDA is not usable here: {exc}") from exc
     if count < 1:
         raise InvalidStateError(f"leaf {path!r} is a device array but this process sees no GPU")

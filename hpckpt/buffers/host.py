@@ -50,7 +50,7 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
     """
     try:
         host = _numpy_view(array)
-    except Exception as exc:  # noqa: BLE001 - any conversion failure is the user's input
+    except Exception as exc:
         raise InvalidStateError(f"leaf {path!r}: cannot view {type(array).__name__} as a host array: {exc}") from exc
     if host.dtype.kind not in STORABLE_KINDS:
         raise InvalidStateError(
@@ -69,7 +69,7 @@ def writable_target(array: Any, path: str) -> np.ndarray:
     """
     try:
         view = _numpy_view(array)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise InvalidStateError(f"leaf {path!r}: cannot restore into {type(array).__name__}: {exc}") from exc
     if not view.flags.writeable:
         raise InvalidStateError(f"leaf {path!r}: the array to restore into is read-only")

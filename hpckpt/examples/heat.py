@@ -94,7 +94,7 @@ def jacobi_sweep(u: np.ndarray, first_row: int, n: int) -> None:
         u[lo:hi, 1:-1] = 0.25 * (u[lo - 1 : hi - 1, 1:-1] + u[lo + 1 : hi + 1, 1:-1] + u[lo:hi, :-2] + u[lo:hi, 2:])
 
 
-def exchange_halos(comm, u: np.ndarray) -> None:  # noqa: ANN001 - mpi4py or hpckpt communicator
+def exchange_halos(comm, u: np.ndarray) -> None:
     """Swap the first and last owned rows with the neighbouring ranks."""
     from mpi4py import MPI
 
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def report_recovery(comm, repair, what: str, seconds: float | None = None) -> None:  # noqa: ANN001
+def report_recovery(comm, repair, what: str, seconds: float | None = None) -> None:
     """The first surviving rank prints which ranks were replaced, how fast, and how the job went on."""
     if comm.rank == min(set(range(comm.size)) - set(repair.failed)):
         took = repair.seconds if seconds is None else seconds
@@ -193,7 +193,7 @@ def report_recovery(comm, repair, what: str, seconds: float | None = None) -> No
         )
 
 
-def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phase: int, job, schedule) -> int | None:  # noqa: ANN001
+def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phase: int, job, schedule) -> int | None:
     """Run the iterations from ``state["iteration"]``; the exit status when told to stop early, else None."""
     halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
     seen = len(checkpointer.recoveries)
@@ -227,7 +227,7 @@ def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phas
     return None
 
 
-def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, started: float, log_peak: int) -> None:  # noqa: ANN001
+def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, started: float, log_peak: int) -> None:
     """Gather the field; rank 0 writes ``--out`` and prints the summary and the ``done`` line."""
     uncoordinated = args.protocol == "uncoordinated"
     field = gather_field(comm, u[1:-1], args.n)
@@ -252,7 +252,7 @@ def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, 
         print(f"heat: done iters={args.iters} resumed_from={resumed_from} checksum={digest}")
 
 
-def gather_field(comm, block: np.ndarray, n: int) -> np.ndarray | None:  # noqa: ANN001
+def gather_field(comm, block: np.ndarray, n: int) -> np.ndarray | None:
     """Gather the row blocks into the global field on rank 0 (None elsewhere)."""
     counts = [row_block(n, comm.size, rank)[1] * n for rank in range(comm.size)]
     field = np.empty((n, n)) if comm.rank == 0 else None

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
 from collections.abc import Sequence
 
@@ -227,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             state["adam"]["t"] = t
             done = step + 1
             stopping = job is not None and done < args.steps and job.should_stop()
-            if stopping or args.every and (done + phase) % args.every == 0 and done < args.steps:
+            if stopping or (args.every and (done + phase) % args.every == 0 and done < args.steps):
                 state["step"] = done
                 if not args.shard:
                     state["rng"].array[:] = generator_state(rng)

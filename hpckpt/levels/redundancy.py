@@ -94,7 +94,9 @@ def xor_parity(group: MPI.Comm, blob: np.ndarray) -> tuple[np.ndarray, list[int]
     return parity, lengths
 
 
-def xor_rebuild(group: MPI.Comm, lost: int, blob: np.ndarray | None, parity: np.ndarray | None, lengths: list[int]) -> np.ndarray | None:
+def xor_rebuild(
+    group: MPI.Comm, lost: int, blob: np.ndarray | None, parity: np.ndarray | None, lengths: list[int]
+) -> np.ndarray | None:
     """Rebuild member ``lost``'s blob there (returned on ``lost``, None elsewhere). Collective.
 
     Every other member passes its own ``blob`` and ``parity``; ``lost`` passes None.

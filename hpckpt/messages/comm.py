@@ -242,9 +242,9 @@ class LoggedComm:
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
-        return pickle.loads(payload.tobytes())  # a live message, as mpi4py's recv does
+        return pickle.loads(payload.tobytes())  # noqa: S301 - a live message from a peer, as mpi4py's recv does
 
-    def Sendrecv(  # noqa: N802, PLR0913
+    def Sendrecv(  # noqa: N802
         self,
         sendbuf: Any,
         dest: int,
@@ -469,7 +469,7 @@ class LoggedComm:
         self.determinants.close()
         self.determinants = determinants
         self._forced, self._wildcards = {}, 0
-        oldest_step, oldest_delivered, oldest_done = self.state.history[0]
+        _, oldest_delivered, oldest_done = self.state.history[0]
         self._peer_done[self.rank] = oldest_done
         self._trim_results()
         for peer in range(self.size):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 

@@ -30,19 +30,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import abort_job, await_everyone, describe_failure, gather_phase, io_deadline, run_phase
+from .._hooks import point
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import as_host_array
 from ..checksum import ALGORITHM, block_checksum, pieces_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
-from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
 from ..model.layout import LeafPlan, RankPlan, merge_plans
+from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
 from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
-from .._hooks import point
 
 if TYPE_CHECKING:
     from mpi4py import MPI

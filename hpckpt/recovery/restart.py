@@ -32,20 +32,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import gather_phase, run_phase
+from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
-from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.boxes import Box, intersection, local_slices
 from ..model.delta import home_step
+from ..model.leaves import ARRAY_LEAF_TYPES, Local
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding, stored_file
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
-from .._hooks import point
 
 if TYPE_CHECKING:
     from mpi4py import MPI

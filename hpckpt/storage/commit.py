@@ -32,11 +32,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from .._hooks import point
 from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
 from ..model.delta import referenced_steps
 from ..model.manifest import Manifest
-from .._hooks import point
 from .lustre import Striping, set_stripe
 
 MANIFEST_NAME = "manifest.json"

@@ -134,7 +134,9 @@ class HDF5Backend:
         if self._reusable(path, digest):
             with self._h5py.File(path, "r") as h5:
                 return {name: _open(h5, name).get_offset() for name in _expected_datasets(records)}
-        options = {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment} if self.alignment else {}
+        options = {}
+        if self.alignment:
+            options = {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment}
         with self._h5py.File(path, "w", **options) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
             created: dict[str, Any] = {}

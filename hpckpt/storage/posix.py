@@ -136,7 +136,8 @@ class PosixBackend:
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks.append(Block(block.rank, block.offset, block.shape, block.checksum, location))
             placed.append(
-                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks), record.location, record.encoding)
+                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks), record.location,
+                           record.encoding)
             )
         return tuple(placed)
 

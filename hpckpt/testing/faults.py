@@ -45,7 +45,7 @@ _reached: Counter[str] = Counter()
 _active_spec: str | None = None
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(RuntimeError):  # noqa: N818 - a fault, by name
     """The error an injected ``raise`` fault raises."""
 
 

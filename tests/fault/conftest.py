@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.heat_output import Finished  # noqa: F401 - imported from here by the fault tests
+from tests.heat_output import Finished
 from tests.processes import run_group
 
 if shutil.which("mpiexec") is None:

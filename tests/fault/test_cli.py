@@ -23,7 +23,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_ls_shows_committed_incomplete_and_corrupt_steps(tmp_path):
     run_dir = tmp_path / "run"
-    crashed = run(heat_command(4, run_dir, "--backend", "posix", "--keep", "5", iters=60), env={"HPCKPT_FAULT": "save.write:1:kill:3"})
+    crashed = run(heat_command(4, run_dir, "--backend", "posix", "--keep", "5", iters=60),
+                  env={"HPCKPT_FAULT": "save.write:1:kill:3"})
     assert crashed.returncode != 0  # rank 1 died while writing step 30
     (run_dir / "step-00000010" / "manifest.json").write_text("{ not json")
     listed = cli("ls", run_dir, "--json")

@@ -84,7 +84,8 @@ def test_sigkill_with_non_blocking_saves_resumes_from_the_newest_committed_step(
     run_dir = tmp_path / "ckpt"
     command = heat_command(RANKS, run_dir, "--async", "--backend", BACKENDS[seed % 3])
     if seed % 2 == 0:
-        first_attempt(command, tmp_path, RANKS, rng, fault=f"{rng.choice(SAVE_POINTS[1:])}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}")
+        fault = f"{rng.choice(SAVE_POINTS[1:])}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
+        first_attempt(command, tmp_path, RANKS, rng, fault=fault)
     else:
         first_attempt(command, tmp_path, RANKS, rng)
     newest = newest_committed(run_dir)

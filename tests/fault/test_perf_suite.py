@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     out = tmp_path / "results"
     command = [sys.executable, str(REPO / "perf" / "suite.py"), "--mib", "4", "--repeat", "1", "--small-count", "200",
-               "--small-kib", "4", "--async-saves", "2", "--async-compute", "0.2", "--heat-iters", "300", "--heat-every", "100", "--dir", str(tmp_path / "scratch"),
-               "--out", str(out)]  # fmt: skip
+               "--small-kib", "4", "--async-saves", "2", "--async-compute", "0.2", "--heat-iters", "300",
+               "--heat-every", "100", "--dir", str(tmp_path / "scratch"), "--out", str(out)]  # fmt: skip
     done = run_group(command, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "suite.json").read_text())

@@ -26,7 +26,8 @@ def test_a_second_job_on_the_same_run_directory_is_refused_naming_the_holder(tmp
         holder.release()
     assert result.returncode != 0
     assert "phase 'open run directory' failed on rank(s) 0 of 2" in result.stderr
-    assert f"run directory {tmp_path / 'run'} is in use by another job (host {socket.gethostname()} pid {os.getpid()}" in result.stderr
+    holder = f"(host {socket.gethostname()} pid {os.getpid()}"
+    assert f"run directory {tmp_path / 'run'} is in use by another job {holder}" in result.stderr
     assert not list((tmp_path / "run").glob("step-*"))  # nothing was written
     again = run(heat_command(2, tmp_path / "run"))  # once the holder is gone, the job runs
     assert again.returncode == 0, again.stderr[-2000:]

@@ -26,7 +26,8 @@ def test_a_rank_stopped_in_a_phase_is_named_and_the_job_aborts(tmp_path, point):
     log = tmp_path / "faults.log"
     started = time.monotonic()
     stopped = run(heat_command(3, tmp_path / "run", "--backend", "posix", iters=60),
-                  env={"HPCKPT_FAULT": f"{point}:1:stop:2", "HPCKPT_FAULT_LOG": str(log), "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)})  # fmt: skip
+                  env={"HPCKPT_FAULT": f"{point}:1:stop:2", "HPCKPT_FAULT_LOG": str(log),
+                       "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)})  # fmt: skip
     elapsed = time.monotonic() - started
     assert stopped.returncode != 0
     assert log.read_text().split()[:4] == [point, "1", "stop", "2"]  # rank 1 stopped at its 2nd save

@@ -117,7 +117,7 @@ def main() -> int:
     return 0
 
 
-def report(world, args, acc, chain, order, resumed, log_peak) -> None:  # noqa: ANN001
+def report(world, args, acc, chain, order, resumed, log_peak) -> None:
     rank, size = world.rank, world.size
     accs = world.gather(acc.copy(), root=0)
     chains = world.gather(int(chain[0]), root=0)

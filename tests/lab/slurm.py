@@ -30,7 +30,9 @@ class LabSlurm(SlurmCluster):
         lines = [
             line
             for line in super()._config().splitlines()
-            if not line.startswith(("NodeName=", "PartitionName=", "SlurmdPort=", "SlurmdSpoolDir=", "SlurmdPidFile=", "SlurmdLogFile="))
+            if not line.startswith(
+                ("NodeName=", "PartitionName=", "SlurmdPort=", "SlurmdSpoolDir=", "SlurmdPidFile=", "SlurmdLogFile=")
+            )
         ]
         root = self.root
         lines += [

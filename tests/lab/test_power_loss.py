@@ -72,7 +72,8 @@ SOAK = int(os.environ.get("HPCKPT_LAB_SOAK", "0"))  # `make soak`: more seeded t
 
 @pytest.mark.parametrize("backend, protocol, blocking, keep", CASES)
 def test_committed_steps_survive_a_power_loss(lab, heat_reference, backend, protocol, blocking, keep):
-    power_loss_trial(lab, heat_reference, backend, protocol, blocking, keep, sum(map(ord, f"{backend}{protocol}{blocking}{keep}")))
+    seed = sum(map(ord, f"{backend}{protocol}{blocking}{keep}"))
+    power_loss_trial(lab, heat_reference, backend, protocol, blocking, keep, seed)
 
 
 if SOAK:  # collected only for `make soak`

@@ -105,7 +105,8 @@ def test_other_global_shape(world, mpi_tmp_path):
     with hpckpt.Checkpointer(mpi_tmp_path / "shape", comm=world) as checkpointer:
         checkpointer.save(1, field_state(world, 1.0))
         wrong = {"u": hpckpt.Distributed(np.zeros((3, 5)), global_shape=(3 * world.size, 5), offset=(3 * world.rank, 0)), "it": 0}
-        with pytest.raises(hpckpt.StateMismatchError, match=r"leaf 'u' has global_shape \(\d+, 5\) but the checkpoint has \(\d+, 4\)"):
+        expected = r"leaf 'u' has global_shape \(\d+, 5\) but the checkpoint has \(\d+, 4\)"
+        with pytest.raises(hpckpt.StateMismatchError, match=expected):
             checkpointer.restore(wrong)
 
 

@@ -111,7 +111,8 @@ def test_save_refuses_open_requests(world, mpi_tmp_path):
     comm = LoggedComm(world, DeterminantFile(mpi_tmp_path / f"f{world.rank}", None))
     buffer = np.empty(5)
     request = comm.Irecv(buffer, source=(world.rank - 1) % world.size, tag=9)
-    with pytest.raises(InvalidStateError, match=f"save\\(3\\) with 1 nonblocking request\\(s\\) of ckpt.comm still open on rank {world.rank}"):
+    expected = f"save\\(3\\) with 1 nonblocking request\\(s\\) of ckpt.comm still open on rank {world.rank}"
+    with pytest.raises(InvalidStateError, match=expected):
         comm.check_quiet(3)
     comm.Isend(payload(world.rank, 0), dest=(world.rank + 1) % world.size, tag=9).Wait()
     request.Wait()

@@ -71,7 +71,7 @@ def test_a_pickled_leaf_restores_only_into_a_pickled_leaf(world, mpi_tmp_path):
         checkpointer.save(1, state_with(world, [1, 2]))
         as_bytes = state_with(world, None)
         as_bytes["extra"] = hpckpt.Local(np.zeros(8, dtype=np.uint8), resizable=True)
-        with pytest.raises(hpckpt.StateMismatchError, match="leaf 'extra' is an hpckpt.Pickled object in the checkpoint"):
+        with pytest.raises(hpckpt.StateMismatchError, match=r"leaf 'extra' is an hpckpt\.Pickled object in the checkpoint"):
             checkpointer.restore(as_bytes)
 
 

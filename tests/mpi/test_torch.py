@@ -15,7 +15,8 @@ def make_state(comm, seed: int) -> dict:
     rows = 3
     weights = torch.nn.Parameter(torch.randn(4, 5, generator=torch.Generator().manual_seed(seed)))
     return {
-        "field": hpckpt.Distributed(torch.randn(rows, 6, generator=generator, dtype=torch.float64), global_shape=(rows * comm.size, 6), offset=(rows * comm.rank, 0)),
+        "field": hpckpt.Distributed(torch.randn(rows, 6, generator=generator, dtype=torch.float64),
+                                    global_shape=(rows * comm.size, 6), offset=(rows * comm.rank, 0)),
         "counts": hpckpt.Local(torch.arange(comm.rank + 2) * seed),
         "weights": hpckpt.Replicated(weights),
         "step": seed,

@@ -65,7 +65,7 @@ class Job:
         path = self.workdir / f"{self.prefix}-{self.job_id}.err"
         return path.read_text() if path.exists() else ""
 
-    def wait_until(self, predicate, timeout: float, what: str) -> dict[str, str]:  # noqa: ANN001
+    def wait_until(self, predicate, timeout: float, what: str) -> dict[str, str]:
         """Poll ``scontrol show job`` until ``predicate(fields)``, releasing requeued holds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

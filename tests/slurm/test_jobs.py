@@ -55,7 +55,7 @@ def test_scontrol_requeue_mid_run_resumes_from_the_newest_checkpoint(slurm, tmp_
     stopped = re.search(r"^heat: stopped at iteration (\d+) on 2 ranks \(checkpoint step \1\): SIGTERM received$",
                         job.stdout, re.MULTILINE)
     assert stopped, job.stdout
-    assert "heat: Slurm job {}, restart 1;".format(job.job_id) in job.stdout
+    assert f"heat: Slurm job {job.job_id}, restart 1;" in job.stdout
     assert job.heat_done() == (stopped.group(1), paced_reference)
 
 

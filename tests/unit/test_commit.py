@@ -68,7 +68,7 @@ def test_the_committed_sizes_are_the_writers_largest(tmp_path):
     assert run_dir.manifest(2).files == {"data.h5": 7}
     temp = run_dir.prepare(3)
     (temp / "data.h5").write_bytes(b"x")
-    with pytest.raises(RuntimeError, match="no writer made .*data.h5 durable"):
+    with pytest.raises(RuntimeError, match=r"no writer made .*data\.h5 durable"):
         run_dir.commit(replace(make_manifest(), step=3), {})
 
 

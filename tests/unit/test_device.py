@@ -1,5 +1,7 @@
 """Device arrays are recognised, and without CuPy or a GPU the error names the leaf and the fix."""
 
+from typing import ClassVar
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ class FakeDeviceArray:
     """Stands in for a GPU array (there is no GPU here): it only exposes the CUDA array interface."""
 
     shape, dtype = (4,), np.dtype("float32")
-    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+    __cuda_array_interface__: ClassVar[dict] = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
 
 
 class FakeDLPack:

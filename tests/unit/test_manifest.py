@@ -153,7 +153,8 @@ def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
 
 @pytest.mark.parametrize(
     ("name", "problem"),
-    [("../escape.bin", "leaves the step directory"), ("/etc/passwd", "not a relative file name"), ("a/./b", "not normalised"), ("a\0b", "not a relative")],
+    [("../escape.bin", "leaves the step directory"), ("/etc/passwd", "not a relative file name"),
+     ("a/./b", "not normalised"), ("a\0b", "not a relative")],
 )
 def test_file_names_cannot_leave_the_step_directory(name, problem):
     body = unsigned(make_manifest())
@@ -170,7 +171,7 @@ def test_object_and_record_dtypes_are_refused():
     for dtype in ("|O", "[('a', '<i4')]", "<M8[s]"):
         body = unsigned(make_manifest())
         body["leaves"][0]["dtype"] = dtype
-        with pytest.raises(CorruptCheckpointError, match="evil.json: not a valid hpckpt manifest"):
+        with pytest.raises(CorruptCheckpointError, match=r"evil\.json: not a valid hpckpt manifest"):
             Manifest.from_json(json.dumps(body), "evil.json")
 
 

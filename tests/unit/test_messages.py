@@ -1,6 +1,7 @@
 """The message state's save format and trimming, and determinant files."""
 
 import numpy as np
+
 from hpckpt.messages.determinants import DeterminantFile
 from hpckpt.messages.state import MessageState
 

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.processes import run_group, started_group
 
 

@@ -21,7 +21,7 @@ def test_ulfm_refuses_collective_io_backends(tmp_path, backend):
 
 def test_mpich_is_refused_because_its_survivors_are_never_told(tmp_path):
     assert MPI.Get_library_version().startswith("MPICH")  # the main environment
-    with pytest.raises(hpckpt.UlfmUnavailableError, match="recovery='ulfm' needs Open MPI 5 with ULFM .* this job runs MPICH"):
+    with pytest.raises(hpckpt.UlfmUnavailableError, match=r"recovery='ulfm' needs Open MPI 5 with ULFM .* this job runs MPICH"):
         hpckpt.Checkpointer(tmp_path, comm=MPI.COMM_SELF, backend="posix", recovery="ulfm")
     assert not (tmp_path / ".hpckpt.lock").exists()  # refused before touching the run directory
 
