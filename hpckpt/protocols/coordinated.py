@@ -206,7 +206,7 @@ def save_coordinated(
 
     def plan() -> tuple[int, RankPlan]:
         point("save.plan")
-        rank_plan, arrays = plan_local(state, getattr(backend, "encode", None))
+        rank_plan, arrays = plan_local(state, backend.encode)
         staged.update(arrays)
         return step, rank_plan
 
@@ -233,7 +233,7 @@ def save_coordinated(
     def write() -> list[str]:
         try:
             point("save.write")
-            if getattr(backend, "collective_write", False):  # a rank that never joins it is named here
+            if backend.collective_write:  # a rank that never joins it is named here
                 await_everyone(comm, f"save step {step}: write (before the collective I/O)")
             with io_deadline(comm, f"save step {step}: write", sum(data.array.nbytes for data in own_blocks)):
                 point("save.collective_io")
@@ -275,7 +275,7 @@ def save_coordinated(
 
     def retain() -> list[int]:
         point("save.retain")
-        recycle = getattr(backend, "writes_in_place", False)
+        recycle = backend.writes_in_place
         return run_dir.retain(keep, keep_best, best, recycle=recycle) if rank == 0 else []
 
     deleted = timed("retain", retain, gather_phase)[0]

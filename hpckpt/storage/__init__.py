@@ -41,10 +41,14 @@ def open_backend(name: str | Backend, options: dict[str, Any] | None = None) -> 
     ImportError
         When the backend's library is missing or built without MPI; the message says
         how to fix it.
+    TypeError
+        For an object that is not a :class:`~hpckpt.storage.base.Backend`.
     """
     if not isinstance(name, str):
         if options:
             raise ValueError("backend_options apply to a backend given by name, not to a backend object")
+        if not isinstance(name, Backend):
+            raise TypeError(f"backend {name!r} is neither a registered name nor an hpckpt.storage.base.Backend")
         return name
     loader = _REGISTRY.get(name)
     if loader is None:

@@ -19,14 +19,16 @@ and per restored step:
 
 3. ``read(directory, requests)`` on each rank independently, whole stored blocks only;
    a missing file, variable or dataset raises ``KeyError`` or ``OSError``.
+
+Backends derive from :class:`Backend`, which declares their optional capabilities.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -54,38 +56,50 @@ class BlockData:
     array: np.ndarray
 
 
-class Backend(Protocol):
-    """What every storage backend provides (see the module docstring for call order)."""
+class Backend:
+    """The base class of every storage backend (see the module docstring for call order).
 
-    name: str
+    A backend sets ``name`` and implements ``layout``, ``write`` and ``read``; the
+    capabilities below are off unless it declares them:
+
+    - ``writes_in_place = True``: ``write`` overwrites files that already exist in the
+      step directory without truncating them first (and cuts them to size after), so
+      retention recycles a deleted step's files for the next save (storage/commit.py);
+    - ``collective_write = True``: ``write`` makes collective calls inside the I/O
+      library (ADIOS2's aggregation); the protocol first waits, under the watchdog, for
+      every rank to arrive, so a rank that never joins is named (hpckpt/_comm.py);
+    - ``encode(path, array) -> Encoded``: the bytes stored for a block of leaf ``path``
+      (compression), called on each rank before the layout; ``layout`` then finds each
+      block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
+      and ``read`` decodes (see storage/posix.py). None: blocks are stored as they are.
+    """
+
+    name: str = ""
+    writes_in_place: bool = False
+    collective_write: bool = False
+    encode: Callable[[str, np.ndarray], Encoded] | None = None
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """``records`` with their storage locations filled in. Pure and deterministic."""
+        raise NotImplementedError
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
     ) -> list[str]:
         """Write ``blocks``; return the step's file names. Collective over ``comm``."""
+        raise NotImplementedError
 
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
         """Fill each request's ``array`` with its stored block. Independent, per rank."""
-
-    # Optional: ``writes_in_place = True`` says ``write`` overwrites files that already exist
-    # in the step directory without truncating them first (and cuts them to size after):
-    # retention then recycles the deleted step's files for the next save (storage/commit.py).
-    # Optional: ``collective_write = True`` says ``write`` makes collective calls inside the
-    # I/O library (ADIOS2's aggregation): the protocol then first waits, under the watchdog,
-    # for every rank to arrive, so that a rank that never joins is named (hpckpt/_comm.py).
-    # Optional: ``encode(path, array) -> Encoded``, the bytes stored for a block of leaf
-    # ``path`` (compression), called on each rank before the layout; ``layout`` then finds
-    # each block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
-    # and ``read`` decodes (see storage/posix.py).
+        raise NotImplementedError
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that rank ``rank`` of ``size``
-        may have written: it makes them durable before the commit. Pure."""
+        may have written: it makes them durable before the commit. Pure. Default: all."""
+        return list(files)
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that the library parses but no
         block checksum covers (indexes, metadata). The commit checksums them whole and
-        restore checks them before the library opens the step. Pure."""
+        restore checks them before the library opens the step. Pure. Default: none."""
+        return []

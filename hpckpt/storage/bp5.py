@@ -36,7 +36,7 @@ import numpy as np
 
 from ..model.manifest import Block, LeafRecord
 from .adios2_writer import BP5Step
-from .base import BlockData
+from .base import Backend, BlockData
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -94,7 +94,7 @@ def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], 
     return shape, start, count
 
 
-class ADIOS2Backend:
+class ADIOS2Backend(Backend):
     """ADIOS2 BP5 storage (see the module docstring for the layout).
 
     Parameters

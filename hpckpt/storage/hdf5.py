@@ -32,7 +32,7 @@ import numpy as np
 
 from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
-from .base import BlockData
+from .base import Backend, BlockData
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -55,7 +55,7 @@ def local_block_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-class HDF5Backend:
+class HDF5Backend(Backend):
     """Parallel HDF5 storage (see the module docstring for the file layout).
 
     Parameters
@@ -172,14 +172,6 @@ class HDF5Backend:
         dataset_id = _new_dataset(h5.id, record.path, record.global_shape, dtype)
         self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
         return {record.location["dataset"]: dataset_id}
-
-    def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
-        """``data.h5``: every rank writes its hyperslabs into it."""
-        return list(files)
-
-    def metadata_files(self, files: Sequence[str]) -> list[str]:
-        """None: every stored byte is in a block (posix) or the library checks its own (hdf5)."""
-        return []
 
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
         """Fill each request's ``array`` from ``data.h5``. Independent (not collective)."""

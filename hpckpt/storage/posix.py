@@ -39,7 +39,7 @@ import numpy as np
 from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
 from . import codec
-from .base import BlockData, Encoded
+from .base import Backend, BlockData, Encoded
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -68,7 +68,7 @@ def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRec
             yield block.rank if record.kind != "replicated" else 0, record, block
 
 
-class PosixBackend:
+class PosixBackend(Backend):
     """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module)."""
 
     name = "posix"
@@ -172,10 +172,6 @@ class PosixBackend:
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """The file of ``rank``'s segment (every file when one process wrote them all)."""
         return list(files) if size == 1 else [name for name in files if name == self.file_of(rank)]
-
-    def metadata_files(self, files: Sequence[str]) -> list[str]:
-        """None: every stored byte is in a block (posix) or the library checks its own (hdf5)."""
-        return []
 
     def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
         """Fill each request's ``array`` from its file and offset. Independent."""

@@ -12,6 +12,7 @@ import pytest
 import hpckpt
 from hpckpt.model.boxes import intersection
 from hpckpt.storage import open_backend
+from hpckpt.storage.base import Backend
 
 MPI = pytest.importorskip("mpi4py.MPI")
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -55,7 +56,7 @@ def make_state(comm, seed: int) -> dict:
     }
 
 
-class RecordingBackend:
+class RecordingBackend(Backend):
     """A real backend that also records which stored blocks this rank reads."""
 
     def __init__(self, backend) -> None:
