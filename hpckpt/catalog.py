@@ -10,7 +10,6 @@ Local leaves to a job of another size: every rank reads every writer's block wit
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,8 @@ from .model.delta import home_step
 from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .storage import open_backend
 from .storage.base import Backend, BlockData
-from .storage.commit import MANIFEST_NAME, RunDirectory
-
-_ENTRY = re.compile(r"^step-(\d{8,})(\.tmp|\.deleting|\.replaced)?$")
+from .storage.commit import RunDirectory
+from .storage.names import MANIFEST_NAME, parse_step_entry
 
 Progress = Callable[[int], None]
 
@@ -85,12 +83,12 @@ class CheckpointReader:
         """Every step directory (committed, corrupt or incomplete), oldest step first."""
         found = []
         for entry in sorted(os.scandir(self.run_dir.root), key=lambda e: e.name):
-            match = _ENTRY.match(entry.name)
-            if not match or not entry.is_dir():
+            parsed = parse_step_entry(entry.name)
+            if parsed is None or not entry.is_dir():
                 continue
-            path, step = Path(entry.path), int(match.group(1))
+            (step, suffix), path = parsed, Path(entry.path)
             size = _tree_bytes(path)
-            if match.group(2) or not (path / MANIFEST_NAME).exists():
+            if suffix or not (path / MANIFEST_NAME).exists():
                 found.append(StepEntry(step, "incomplete", path, size, None, None))
                 continue
             try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import HpckptError
 from .recovery.relaunch import run_with_relaunch
+from .storage.names import TRANSIENT_SUFFIXES
 
 BACKEND_CHOICES = ("hdf5", "adios2", "posix")
 
@@ -289,7 +290,7 @@ def _gc(args: argparse.Namespace) -> int:
             raise InvalidStateError(f"{exc.args[0]}; not deleting anything (--force deletes anyway)") from None
         print(f"hpckpt gc: warning: {exc.args[0]}; deleting anyway (--force)", file=sys.stderr)
     try:
-        leftovers = [entry for entry in reader.entries() if entry.path.suffix in (".tmp", ".deleting", ".replaced")]
+        leftovers = [entry for entry in reader.entries() if entry.path.suffix in TRANSIENT_SUFFIXES]
         deleted = reader.run_dir.retain(args.keep)
     finally:
         lock.release()

@@ -29,7 +29,8 @@ import numpy as np
 from .._comm import gather_phase, run_phase
 from ..protocols.coordinated import SaveReport, save_coordinated
 from ..recovery.restart import restore_newest
-from ..storage.commit import RunDirectory
+from ..storage.commit import RunDirectory, replace_directory
+from ..storage.names import parse_step_entry, rank_name, step_name
 from ..storage.posix import PosixBackend
 from .redundancy import exchange_partner, pack, unpack, xor_parity, xor_rebuild
 
@@ -65,12 +66,12 @@ def node_of_each_rank(comm: MPI.Comm) -> list[int]:
 
 
 def _place(final: Path, write: Any) -> None:
-    """Write a step directory as ``final.tmp`` and rename it into place."""
+    """Write a step directory as ``final.tmp`` and put it in place of ``final`` (one of
+    the old and the new copy is there at every moment)."""
     temp = final.with_name(final.name + ".tmp")
     shutil.rmtree(temp, ignore_errors=True)
     write(temp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(temp, final)
+    replace_directory(temp, final)
 
 
 class NodeLocalStore:
@@ -87,7 +88,7 @@ class NodeLocalStore:
         for member, node in enumerate(self.nodes):
             self._members.setdefault(node, []).append(member)
         node_dir = root / f"node-{self.node:04d}"
-        self.own = RunDirectory(node_dir / f"rank-{rank:05d}")
+        self.own = RunDirectory(node_dir / rank_name(rank))
         self.backend = PosixBackend()
         count = max(self.nodes) + 1
         if redundancy != "none" and count < 2:
@@ -142,7 +143,7 @@ class NodeLocalStore:
         self.partner_dir.retain(self.keep)
 
     def _keep_parity(self, step: int, parity: np.ndarray, lengths: list[int]) -> None:
-        final = self.parity_dir / f"step-{step:08d}"
+        final = self.parity_dir / step_name(step)
 
         def write(temp: Path) -> None:
             temp.mkdir(parents=True)
@@ -151,13 +152,14 @@ class NodeLocalStore:
 
         self.parity_dir.mkdir(parents=True, exist_ok=True)
         _place(final, write)
-        for old in sorted(self.parity_dir.glob("step-*"))[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        for old in self._parity_steps()[: -self.keep]:
+            shutil.rmtree(self.parity_dir / step_name(old), ignore_errors=True)
 
     def _parity_steps(self) -> list[int]:
         if not self.parity_dir.is_dir():
             return []
-        return sorted(int(p.name[5:]) for p in self.parity_dir.iterdir() if p.name[5:].isdigit())
+        parsed = (parse_step_entry(path.name) for path in self.parity_dir.iterdir())
+        return sorted(entry[0] for entry in parsed if entry is not None and not entry[1])
 
     def restorable_step(self) -> int | None:
         """The newest step every rank can get (own, partner or XOR). Collective."""
@@ -186,9 +188,9 @@ class NodeLocalStore:
         for steps_dir in (self.own.root, self.partner_dir.root, self.parity_dir):
             if not steps_dir.is_dir():
                 continue
-            for path in steps_dir.glob("step-*"):
-                number = path.name[5:].split(".")[0]
-                if number.isdigit() and (step is None or int(number) > step):
+            for path in steps_dir.iterdir():
+                parsed = parse_step_entry(path.name)
+                if parsed is not None and (step is None or parsed[0] > step):
                     shutil.rmtree(path, ignore_errors=True)
 
     def restore(self, step: int, state: Any) -> None:
@@ -223,7 +225,7 @@ class NodeLocalStore:
         if not lost:
             return
         me = self.group.rank
-        parity_path = self.parity_dir / f"step-{step:08d}"
+        parity_path = self.parity_dir / step_name(step)
         lengths = self.group.bcast(
             json.loads((parity_path / "lengths.json").read_text()) if me == (lost[0] + 1) % self.group.size else None,
             root=(lost[0] + 1) % self.group.size,

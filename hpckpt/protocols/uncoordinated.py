@@ -24,6 +24,7 @@ from ..messages.state import MessageState
 from ..recovery.restart import restore_newest
 from ..storage.base import Backend
 from ..storage.commit import RunDirectory
+from ..storage.names import rank_name
 from .coordinated import SaveReport, save_coordinated
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ MESSAGES_KEY = "hpckpt_messages"
 
 def rank_directory(root: Path, rank: int) -> Path:
     """Where ``rank`` keeps its own checkpoints."""
-    return root / f"rank-{rank:05d}"
+    return root / rank_name(rank)
 
 
 class UncoordinatedRank:

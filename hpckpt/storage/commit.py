@@ -25,7 +25,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import shutil
 import stat
 from collections.abc import Iterable, Mapping
@@ -38,11 +37,9 @@ from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
 from ..model.delta import referenced_steps
 from ..model.manifest import Manifest
 from .lustre import Striping, set_stripe
+from .names import MANIFEST_NAME, parse_step_entry, step_name
 
-MANIFEST_NAME = "manifest.json"
 RECYCLE_NAME = ".recycle"
-_STEP_NAME = re.compile(r"^step-(\d{8,})$")
-_TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
 
 
 DIRECTORY_MODE = 0o755  # masked by the umask, like every mode here: never world-writable
@@ -131,6 +128,33 @@ def _exchange(first: Path, second: Path) -> bool:
     raise OSError(code, f"cannot exchange {first} and {second}: {os.strerror(code)}")
 
 
+def replace_directory(temp: Path, final: Path, *, fault_points: str | None = None) -> None:
+    """Put the complete directory ``temp`` at ``final``, durably, so that ``final`` is at
+    every moment either its old content or the new one.
+
+    An existing ``final`` is exchanged with ``temp`` atomically (``renameat2``) and then
+    removed under the temporary name; where the file system cannot exchange, it is
+    renamed to ``final.replaced`` first (a moment without ``final``: listings treat
+    ``*.replaced`` as incomplete). The parent directory is fsync'd. ``fault_points``
+    names the prefix of the points passed (``PREFIX.exchanged`` or ``PREFIX.renamed``).
+    """
+    if final.exists() and _exchange(temp, final):
+        _fsync_path(final.parent)
+        if fault_points:
+            point(f"{fault_points}.exchanged")
+        shutil.rmtree(temp)  # the old content, under the temporary name
+        return
+    replaced = final.with_name(final.name + ".replaced")
+    if final.exists():
+        os.replace(final, replaced)
+    os.replace(temp, final)
+    if fault_points:
+        point(f"{fault_points}.renamed")
+    _fsync_path(final.parent)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+
+
 class RunDirectory:
     """The committed steps of one run, and the file operations that commit them.
 
@@ -146,11 +170,11 @@ class RunDirectory:
 
     def step_path(self, step: int) -> Path:
         """The directory of committed step ``step``."""
-        return self.root / f"step-{step:08d}"
+        return self.root / step_name(step)
 
     def temp_path(self, step: int) -> Path:
         """The directory step ``step`` is written into before its commit."""
-        return self.root / f"step-{step:08d}.tmp"
+        return self.root / step_name(step, ".tmp")
 
     def manifest_path(self, step: int) -> Path:
         """The manifest of committed step ``step``."""
@@ -162,9 +186,9 @@ class RunDirectory:
             return []
         steps = []
         for entry in os.scandir(self.root):
-            match = _STEP_NAME.match(entry.name)
-            if match and os.path.exists(os.path.join(entry.path, MANIFEST_NAME)):
-                steps.append(int(match.group(1)))
+            parsed = parse_step_entry(entry.name)
+            if parsed is not None and not parsed[1] and os.path.exists(os.path.join(entry.path, MANIFEST_NAME)):
+                steps.append(parsed[0])
         return sorted(steps)
 
     def prepare(self, step: int, needed_bytes: int = 0) -> Path:
@@ -243,19 +267,7 @@ class RunDirectory:
         _fsync_path(temp)
         final = self.step_path(step)
         point("commit.rename")
-        if final.exists() and _exchange(temp, final):
-            _fsync_path(self.root)
-            point("commit.exchanged")
-            shutil.rmtree(temp)  # the old step, under the name of an uncommitted one
-            return final
-        replaced = final.with_name(final.name + ".replaced")
-        if final.exists():  # no atomic exchange here: a moment without step N
-            os.replace(final, replaced)
-        os.replace(temp, final)
-        point("commit.renamed")
-        _fsync_path(self.root)
-        if replaced.exists():
-            shutil.rmtree(replaced)
+        replace_directory(temp, final, fault_points="commit")
         return final
 
     def retain(self, keep: int, keep_best: int = 0, best: str = "min", *, recycle: bool = False) -> list[int]:
@@ -283,7 +295,7 @@ class RunDirectory:
             shutil.rmtree(recycle_dir, ignore_errors=True)
         for step in doomed:
             path = self.step_path(step)
-            deleting = path.with_name(path.name + ".deleting")
+            deleting = self.root / step_name(step, ".deleting")
             os.replace(path, deleting)
             point("retain.deleting")
             if recycle and step == doomed[-1]:
@@ -292,7 +304,8 @@ class RunDirectory:
             shutil.rmtree(deleting)
             self._references.pop(step, None)
         for entry in os.scandir(self.root):
-            if entry.name.startswith("step-") and entry.name.endswith(_TRANSIENT_SUFFIXES):
+            parsed = parse_step_entry(entry.name)
+            if parsed is not None and parsed[1]:
                 shutil.rmtree(entry.path, ignore_errors=True)
         return doomed
 
