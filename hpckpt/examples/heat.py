@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ) as checkpointer:  # fmt: skip
         replacement = checkpointer.last_recovery is not None
         if ulfm:  # a replacement process's COMM_WORLD holds only itself
-            comm = checkpointer.comm
+            comm = job_comm(checkpointer, uncoordinated)
         if comm.size > args.n:
             raise SystemExit(f"heat: --n {args.n} is smaller than the {comm.size} ranks; every rank needs a row")
         # Stop signals and the wall-time limit are agreed on every iteration: coordinated
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as exc:  # noqa: BLE001 - recover() raises it again unless a process failed
                 caught = time.perf_counter()
                 resumed = checkpointer.recover(state, exc)
-                comm = checkpointer.comm
+                comm = job_comm(checkpointer, uncoordinated)
                 if resumed is None:  # nothing was committed: start again from the initial field
                     u[:] = 0.0
                     set_boundaries(u, first_row, args.n)
@@ -176,10 +177,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"heat: Daly interval {schedule.interval_seconds:.3f} s for MTBF {args.mtbf:g} s", flush=True)
         log_peak = checkpointer.comm.log_peak_bytes if uncoordinated else 0
         if ulfm:  # the job's communicator is the checkpointer's, so report before closing it
-            report(comm, args, u, resumed, saves, save_seconds, started, log_peak)
+            report(job_comm(checkpointer, uncoordinated), args, u, resumed, saves, save_seconds, started, log_peak)
             return 0
     report(comm, args, u, resumed, saves, save_seconds, started, log_peak)
     return 0
+
+
+def job_comm(checkpointer: Any, uncoordinated: bool) -> Any:
+    """With ULFM, the communicator of the whole job is the checkpointer's (repaired with it);
+    uncoordinated, its unlogged side, for the gathers at the start and at the end."""
+    return checkpointer.comm.unlogged if uncoordinated else checkpointer.comm
 
 
 def report_recovery(comm, repair, what: str, seconds: float | None = None) -> None:

@@ -126,14 +126,21 @@ class LoggedRequest:
         return True
 
 
+_LOGGED_CALLS = ("send", "recv", "Send", "Recv", "Sendrecv", "Isend", "Irecv", "Waitall", "Bcast", "Reduce",
+                 "Allreduce", "Barrier")  # fmt: skip
+_QUERIES = frozenset({"Get_name", "name", "Get_group", "group", "Get_topology", "topology", "Is_inter", "is_inter",
+                      "Is_intra", "is_intra", "Get_info", "info"})  # fmt: skip
+
+
 class LoggedComm:
     """An mpi4py-like communicator that logs what it sends (see the module docstring).
 
     Point-to-point: ``send``/``recv`` (objects), ``Send``/``Recv``/``Sendrecv``/
     ``Isend``/``Irecv`` (C-contiguous NumPy buffers) with ``Wait``/``Waitall``.
-    Collectives: ``Bcast``, ``Reduce``, ``Allreduce``, ``Barrier``. Anything else is
-    passed to the underlying communicator unlogged: safe only where no rank can be
-    re-executing (for example after the last logged operation of the job).
+    Collectives: ``Bcast``, ``Reduce``, ``Allreduce``, ``Barrier``. Queries that send
+    nothing (``Get_name``, ``Get_group``, ``Is_inter``, ...) go to the underlying
+    communicator; any other call is refused with an AttributeError that says why (it
+    would not be logged, so a rank re-executing after a failure would not get it again).
 
     Created by :class:`hpckpt.Checkpointer` (``protocol="uncoordinated"``); every rank
     of ``comm`` creates it together.
@@ -177,10 +184,26 @@ class LoggedComm:
         """Number of ranks."""
         return self.size
 
+    @property
+    def unlogged(self) -> MPI.Comm:
+        """The communicator under this one (the current one: ULFM recovery replaces it), for
+        what the application does outside the protocol where no rank can be re-executing:
+        the start of a job before any failure, its end after the last save. Nothing sent
+        through it is logged or replayed."""
+        return self._comm
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._comm, name)
+        if name in _QUERIES:
+            return getattr(self._comm, name)
+        raise AttributeError(
+            f"ckpt.comm (the uncoordinated protocol's logged communicator) has no {name!r}: only its logged calls "
+            f"({', '.join(_LOGGED_CALLS)}) may carry the application's messages, since after a failure a "
+            "rank re-executes from its checkpoint and gets again only what was logged. Use ckpt.comm.unlogged "
+            "or a communicator of your own for anything else, where no rank can be re-executing (e.g. after "
+            "the last save)"
+        )
 
     # -- point to point ------------------------------------------------------
 

@@ -55,8 +55,8 @@ def main() -> int:
     log_peak = 0
     recovery = "ulfm" if args.ulfm else None
     with hpckpt.Checkpointer(args.dir, comm=world, protocol="uncoordinated", backend=args.backend, recovery=recovery) as ckpt:
-        if args.ulfm:  # a replacement's COMM_WORLD holds only itself; gather on ckpt.comm, before closing it
-            world = ckpt.comm
+        if args.ulfm:  # a replacement's COMM_WORLD holds only itself; gather on ckpt.comm's, before closing it
+            world = ckpt.comm.unlogged
         rank, size = world.rank, world.size
         state = {
             "acc": hpckpt.Local(np.arange(8, dtype=np.float64) + rank),
@@ -110,8 +110,8 @@ def main() -> int:
                 state["order"] = hpckpt.Local(np.array(order, dtype=np.int64), resizable=True)
                 ckpt.save(done, state)
                 log_peak = max(log_peak, comm.state.log_bytes())
-        if args.ulfm:
-            report(world, args, acc, chain, order, resumed, log_peak)
+        if args.ulfm:  # ULFM recovery may have replaced the communicator under ckpt.comm
+            report(ckpt.comm.unlogged, args, acc, chain, order, resumed, log_peak)
             return 0
     report(world, args, acc, chain, order, resumed, log_peak)
     return 0
