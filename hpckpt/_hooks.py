@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 FAULT_PLAN_ENV = "HPCKPT_FAULT"
+ATTEMPT_ENV = "HPCKPT_ATTEMPT"  # set by `hpckpt run` for each relaunch; faults fire in attempt 0 only
 _hook: Callable[[str], None] | None = None
 
 

@@ -17,15 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from .buffers.bfloat16 import BFLOAT16, as_bfloat16
-from .checksum import ALGORITHM, block_checksum
 from .errors import CorruptCheckpointError
 from .model.boxes import local_slices
-from .model.delta import home_step
 from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import RunDirectory
 from .storage.names import MANIFEST_NAME, parse_step_entry
+from .storage.verified import read_verified
 
 Progress = Callable[[int], None]
 
@@ -141,16 +140,10 @@ class CheckpointReader:
                 raise CorruptCheckpointError(f"step {step}: " + "; ".join(problems))
             self._intact_files.add(step)
         array = np.empty(block.shape, dtype=record.dtype)
-        directory = self.run_dir.step_path(home_step(block, step))
-        if block.size:
-            self._backend(backend).read(directory, [BlockData(record, block, array)])
-        actual = block_checksum(array)
-        if actual != block.checksum:
-            raise CorruptCheckpointError(
-                f"step {step}, leaf {record.path!r}, block of rank {block.rank} in "
-                f"{directory / stored_file(record, block)}: "
-                f"{ALGORITHM} checksum {actual} != stored {block.checksum}"
-            )
+        findings = read_verified(self._backend(backend), self.run_dir, step, [BlockData(record, block, array)])
+        if findings:
+            finding = findings[0]
+            raise CorruptCheckpointError(f"step {step}, {finding}" if finding.startswith("leaf ") else f"step {step}: {finding}")
         return array
 
     def local_blocks(self, path: str, step: int | None = None) -> list[np.ndarray]:

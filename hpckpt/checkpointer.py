@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._comm import run_phase
+from ._hooks import ATTEMPT_ENV
 from .buffers.device import STAGER
 from .errors import CheckpointFallbackWarning, CollectiveError, PickleWarning, UnsafeLoadError
 from .levels.store import NodeLocalStore, default_local_root
@@ -19,10 +20,9 @@ from .model.tree import flatten
 from .options import Options
 from .protocols.background import BackgroundSaver
 from .protocols.coordinated import SaveReport, save_coordinated
+from .protocols.restore import list_committed_steps, restore_newest
 from .protocols.uncoordinated import UncoordinatedRank
 from .recovery import ulfm
-from .recovery.relaunch import ATTEMPT_ENV
-from .recovery.restart import list_committed_steps, restore_newest
 from .schedule import Schedule
 from .storage import Backend, open_backend
 from .storage.commit import RunDirectory

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import HpckptError
-from .recovery.relaunch import run_with_relaunch
+from .relaunch import run_with_relaunch
 from .storage.names import TRANSIENT_SUFFIXES
 
 BACKEND_CHOICES = ("hdf5", "adios2", "posix")

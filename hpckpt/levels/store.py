@@ -28,7 +28,7 @@ import numpy as np
 
 from .._comm import gather_phase, run_phase
 from ..protocols.coordinated import SaveReport, save_coordinated
-from ..recovery.restart import restore_newest
+from ..protocols.restore import restore_newest
 from ..storage.commit import RunDirectory, replace_directory
 from ..storage.names import parse_step_entry, rank_name, step_name
 from ..storage.posix import PosixBackend

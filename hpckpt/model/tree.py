@@ -42,6 +42,15 @@ def is_plain(value: Any) -> bool:
     return isinstance(value, PLAIN_TYPES)
 
 
+def copy_containers(state: Any) -> Any:
+    """``state`` with every dict and list copied; the leaves are the same objects."""
+    if isinstance(state, dict):
+        return {key: copy_containers(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [copy_containers(value) for value in state]
+    return state
+
+
 def flatten(state: Any) -> list[Slot]:
     """Return the leaves of ``state`` in a deterministic order (dict keys sorted).
 

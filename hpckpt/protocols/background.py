@@ -36,7 +36,8 @@ from .._comm import prepare_watchdog
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
 from ..buffers.host import as_host_array
-from ..model.leaves import Distributed, Local, Pickled, Replicated
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
+from ..model.tree import copy_containers, flatten
 from .coordinated import SaveReport
 
 if TYPE_CHECKING:
@@ -45,27 +46,30 @@ if TYPE_CHECKING:
 SaveJob = Callable[["MPI.Comm"], SaveReport]
 
 
-def snapshot(state: Any, buffers: dict[str, np.ndarray], copies: list[HostCopy], prefix: str = "") -> Any:
+def snapshot(state: Any, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
     """A copy of ``state`` whose arrays are copied into ``buffers`` (by leaf path).
 
-    A buffer is reused when the array's shape and dtype are unchanged. Plain values and
-    containers are copied; anything else is kept as is, for the save to report. The
-    copies of device arrays are only enqueued: they are appended to ``copies`` to wait for.
+    A buffer is reused when the array's shape and dtype are unchanged. Containers are
+    copied and plain values kept; a leaf that cannot be saved is an InvalidStateError
+    (from :func:`~hpckpt.model.tree.flatten`). The copies of device arrays are only
+    enqueued: they are appended to ``copies`` to wait for.
     """
-    if isinstance(state, dict):
-        return {key: snapshot(value, buffers, copies, f"{prefix}/{key}") for key, value in state.items()}
-    if isinstance(state, list):
-        return [snapshot(value, buffers, copies, f"{prefix}/{index}") for index, value in enumerate(state)]
-    if isinstance(state, Distributed):
-        array = _stage(state.array, prefix, buffers, copies)
-        return Distributed(array, global_shape=state.global_shape, offset=state.offset)
-    if isinstance(state, Pickled):  # pickled now: later changes to the object are not saved
-        return Pickled.of_bytes(_stage(state.pickle(), prefix, buffers, copies))
-    if isinstance(state, Local):
-        return Local(_stage(state.array, prefix, buffers, copies), resizable=state.resizable)
-    if isinstance(state, Replicated):
-        return Replicated(_stage(state.array, prefix, buffers, copies))
-    return state
+    staged = copy_containers(state)
+    for slot in flatten(staged):
+        if isinstance(slot.value, ARRAY_LEAF_TYPES):
+            slot.replace(_staged_leaf(slot.value, slot.path, buffers, copies))
+    return staged
+
+
+def _staged_leaf(leaf: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
+    """``leaf`` over its copy in this path's buffer."""
+    if isinstance(leaf, Distributed):
+        return Distributed(_stage(leaf.array, path, buffers, copies), global_shape=leaf.global_shape, offset=leaf.offset)
+    if isinstance(leaf, Pickled):  # pickled now: later changes to the object are not saved
+        return Pickled.of_bytes(_stage(leaf.pickle(), path, buffers, copies))
+    if isinstance(leaf, Local):
+        return Local(_stage(leaf.array, path, buffers, copies), resizable=leaf.resizable)
+    return Replicated(_stage(leaf.array, path, buffers, copies))
 
 
 def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
@@ -76,15 +80,14 @@ def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[H
 
 
 def _copy_into_buffer(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> np.ndarray:
-    name = path.lstrip("/")
     if is_device_array(array):
-        shape, dtype = device_layout(array, name)
+        shape, dtype = device_layout(array, path)
         buffer = buffers.get(path)
         if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
             buffer = buffers[path] = pinned_empty(shape, dtype)  # freed with the buffer set
-        copies.append(STAGER.start_to_host(array, name, out=buffer))
+        copies.append(STAGER.start_to_host(array, path, out=buffer))
         return buffer
-    host = as_host_array(array, name)
+    host = as_host_array(array, path)
     buffer = buffers.get(path)
     if buffer is None or buffer.shape != host.shape or buffer.dtype != host.dtype:
         buffer = np.empty_like(host)

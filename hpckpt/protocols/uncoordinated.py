@@ -21,11 +21,11 @@ from .._comm import run_phase
 from ..messages.comm import LoggedComm
 from ..messages.determinants import DeterminantFile
 from ..messages.state import MessageState
-from ..recovery.restart import restore_newest
 from ..storage.base import Backend
 from ..storage.commit import RunDirectory
 from ..storage.names import rank_name
 from .coordinated import SaveReport, save_coordinated
+from .restore import restore_newest
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -35,8 +35,7 @@ import os
 import signal
 from collections import Counter
 
-from .._hooks import FAULT_PLAN_ENV, install_point_hook
-from ..recovery.relaunch import ATTEMPT_ENV
+from .._hooks import ATTEMPT_ENV, FAULT_PLAN_ENV, install_point_hook
 
 ENV = FAULT_PLAN_ENV
 LOG_ENV = "HPCKPT_FAULT_LOG"

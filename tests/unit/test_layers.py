@@ -15,11 +15,10 @@ LAYERS = [  # lowest first; a module's layer is the longest prefix listed
               "hpckpt.progress", "hpckpt.schedule", "hpckpt.slurm"]),
     ("model", ["hpckpt.model"]),
     ("buffers and storage", ["hpckpt.buffers", "hpckpt.storage"]),
-    ("protocols and levels", ["hpckpt.messages", "hpckpt.protocols", "hpckpt.levels", "hpckpt.recovery.restart",
-                              "hpckpt.recovery.ulfm", "hpckpt.recovery"]),
+    ("protocols and levels", ["hpckpt.messages", "hpckpt.protocols", "hpckpt.levels", "hpckpt.recovery"]),
     ("facade", ["hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.options",
-                "hpckpt.recovery.relaunch", "hpckpt.testing"]),
-    ("command line and examples", ["hpckpt.cli", "hpckpt.__main__", "hpckpt.examples"]),
+                "hpckpt.testing"]),
+    ("command line and examples", ["hpckpt.cli", "hpckpt.__main__", "hpckpt.relaunch", "hpckpt.examples"]),
 ]  # fmt: skip
 
 

@@ -36,16 +36,15 @@ from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
-from ..checksum import ALGORITHM, block_checksum
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.boxes import Box, intersection, local_slices
-from ..model.delta import home_step
 from ..model.leaves import ARRAY_LEAF_TYPES, Local
-from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding, stored_file
+from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
+from ..storage.verified import read_verified
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -383,25 +382,5 @@ def _read_and_verify(
         backend = _backend_of(manifest, configured)
     except (ImportError, ValueError) as exc:
         return [f"rank {rank} cannot read {run_dir.step_path(step)}: {type(exc).__name__}: {exc}"]
-    requests = [piece.request for piece in pieces]
-    by_home: dict[int, list[BlockData]] = {}
-    for request in requests:
-        if request.block.size:
-            by_home.setdefault(home_step(request.block, step), []).append(request)
-    for home, group in sorted(by_home.items()):
-        directory = run_dir.step_path(home)
-        try:
-            backend.read(directory, group)
-        except (OSError, KeyError, ValueError, RuntimeError) as exc:
-            return [f"rank {rank} cannot read {directory}: {type(exc).__name__}: {exc}"]
-    findings = []
-    for request in requests:
-        expected = request.block.checksum
-        actual = block_checksum(request.array)
-        if actual != expected:
-            where = run_dir.step_path(home_step(request.block, step)) / stored_file(request.record, request.block)
-            findings.append(
-                f"leaf {request.record.path!r}, block of rank {request.block.rank} in {where}: "
-                f"{ALGORITHM} checksum {actual} != stored {expected}"
-            )
-    return findings
+    findings = read_verified(backend, run_dir, step, [piece.request for piece in pieces])
+    return [finding if finding.startswith("leaf ") else f"rank {rank} {finding}" for finding in findings]

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from ..slurm import READY_FILE_ENV, STOPPED_EXIT_CODE
+from ._hooks import ATTEMPT_ENV
+from .slurm import READY_FILE_ENV, STOPPED_EXIT_CODE
 
-ATTEMPT_ENV = "HPCKPT_ATTEMPT"
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _HELD = (signal.SIGUSR1, signal.SIGUSR2)
 READY_WAIT = 60.0  # seconds a held SIGUSR1/SIGUSR2 waits for the ranks to be ready
