@@ -140,10 +140,12 @@ class CheckpointReader:
                 raise CorruptCheckpointError(f"step {step}: " + "; ".join(problems))
             self._intact_files.add(step)
         array = np.empty(block.shape, dtype=record.dtype)
-        findings = read_verified(self._backend(backend), self.run_dir, step, [BlockData(record, block, array)])
+        try:
+            findings = read_verified(self._backend(backend), self.run_dir, step, [BlockData(record, block, array)])
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"step {step}: {exc}") from exc
         if findings:
-            finding = findings[0]
-            raise CorruptCheckpointError(f"step {step}, {finding}" if finding.startswith("leaf ") else f"step {step}: {finding}")
+            raise CorruptCheckpointError(f"step {step}, {findings[0]}")
         return array
 
     def local_blocks(self, path: str, step: int | None = None) -> list[np.ndarray]:

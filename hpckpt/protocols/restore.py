@@ -382,5 +382,7 @@ def _read_and_verify(
         backend = _backend_of(manifest, configured)
     except (ImportError, ValueError) as exc:
         return [f"rank {rank} cannot read {run_dir.step_path(step)}: {type(exc).__name__}: {exc}"]
-    findings = read_verified(backend, run_dir, step, [piece.request for piece in pieces])
-    return [finding if finding.startswith("leaf ") else f"rank {rank} {finding}" for finding in findings]
+    try:
+        return read_verified(backend, run_dir, step, [piece.request for piece in pieces])
+    except CorruptCheckpointError as exc:
+        return [f"rank {rank} {exc}"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..checksum import ALGORITHM, block_checksum
+from ..errors import CorruptCheckpointError
 from ..model.delta import home_step
 from ..model.manifest import stored_file
 from .base import Backend, BlockData
@@ -16,9 +17,14 @@ def read_verified(backend: Backend, run_dir: RunDirectory, step: int, requests: 
     """Fill each request's ``array`` with its block of ``step`` (read from the step that
     holds its bytes, for an incremental step) and check its checksum.
 
-    Returns what is wrong, empty when every block verifies: a file a backend could not
-    read (``OSError``, ``KeyError``, ``ValueError``, ``RuntimeError``: the others are not
-    read then), or each block whose checksum differs, naming leaf, writer rank and file.
+    Returns each block whose checksum differs, naming leaf, writer rank and file (empty
+    when every block verifies).
+
+    Raises
+    ------
+    CorruptCheckpointError
+        "cannot read DIRECTORY: ..." when the backend could not read a step's files
+        (``OSError``, ``KeyError``, ``ValueError``, ``RuntimeError``); nothing is checked then.
     """
     by_home: dict[int, list[BlockData]] = {}
     for request in requests:
@@ -29,7 +35,7 @@ def read_verified(backend: Backend, run_dir: RunDirectory, step: int, requests: 
         try:
             backend.read(directory, group)
         except (OSError, KeyError, ValueError, RuntimeError) as exc:
-            return [f"cannot read {directory}: {type(exc).__name__}: {exc}"]
+            raise CorruptCheckpointError(f"cannot read {directory}: {type(exc).__name__}: {exc}") from exc
     findings = []
     for request in requests:
         expected, actual = request.block.checksum, block_checksum(request.array)
