@@ -15,16 +15,19 @@ storage=Storage(backend="posix")))`` is the same.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ._checks import require_count
 from .levels.store import REDUNDANCY
 from .protocols import PROTOCOLS
 from .recovery.ulfm import RECOVERY_MODES
 from .schedule import Schedule
-from .storage import Backend
+from .storage import Backend, backend_class, backend_names, open_backend
 from .storage.lustre import Striping
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,17 @@ class Storage:
 
     @property
     def backend_name(self) -> str:
-        """The backend's name (an object's ``name``, else its class name)."""
-        backend = self.backend
-        return backend if isinstance(backend, str) else getattr(backend, "name", type(backend).__name__)
+        """The backend's registered name, or a backend object's ``name``."""
+        return self.backend if isinstance(self.backend, str) else self.backend.name
+
+    @property
+    def backend_type(self) -> type[Backend]:
+        """The backend's class (a named backend's module is imported, not its library)."""
+        return backend_class(self.backend) if isinstance(self.backend, str) else type(self.backend)
+
+    def open_backend(self) -> Backend:
+        """The backend, made with its options tuned for the striping (see :func:`~hpckpt.storage.open_backend`)."""
+        return open_backend(self.backend, self.backend_options, self.striping)
 
 
 @dataclass(frozen=True)
@@ -120,45 +131,110 @@ class Options:
                 raise ValueError(
                     f"unknown recovery {self.recovery!r}; available: {', '.join(RECOVERY_MODES)} (or None)"
                 )
-            if self.storage.backend_name != "posix":
+            if not self.storage.backend_type.repairable_in_job:
+                able = " or ".join(repr(name) for name in backend_names() if backend_class(name).repairable_in_job)
                 raise ValueError(
-                    f"recovery='ulfm' works with backend='posix' only (got backend={self.storage.backend_name!r}); "
+                    f"recovery='ulfm' works with backend={able} only (got backend={self.storage.backend_name!r}); "
                     "collective-I/O backends (hdf5, adios2) are not supported yet"
                 )
 
     @classmethod
-    def from_keywords(
-        cls,
-        *,
-        backend: str | Backend = "hdf5",
-        backend_options: dict[str, Any] | None = None,
-        protocol: str = "coordinated",
-        keep: int = 3,
-        durable_determinants: bool = False,
-        max_in_flight: int = 1,
-        keep_best: int = 0,
-        best: str = "min",
-        schedule: Schedule | None = None,
-        local_dir: str | os.PathLike[str] | None = None,
-        redundancy: str | None = None,
-        group_size: int = 4,
-        flush_every: int = 1,
-        striping: dict[str, int] | Striping | None = None,
-        incremental: int = 0,
-        recovery: str | None = None,
-    ) -> Options:
-        """The options the flat keyword arguments of :class:`~hpckpt.Checkpointer` name."""
+    def from_keywords(cls, **keywords: Unpack[OptionKeywords]) -> Options:
+        """The options named by the flat keyword arguments of :class:`~hpckpt.Checkpointer`
+        (:class:`OptionKeywords`); the ones not given take the dataclasses' defaults."""
+        unknown = sorted(set(keywords) - set(OptionKeywords.__annotations__))
+        if unknown:
+            raise TypeError(f"unknown option {unknown[0]!r}; the options are {', '.join(OptionKeywords.__annotations__)}")
+        given: dict[str, Any] = dict(keywords)
+
+        def part(kind: type, renamed: dict[str, str] | None = None) -> Any:
+            names = {renamed.get(f.name, f.name) if renamed else f.name: f.name for f in fields(kind)}
+            return kind(**{names[key]: given.pop(key) for key in list(given) if key in names})
+
         node_local = None
-        if local_dir is not None or redundancy is not None:
-            node_local = NodeLocal(local_dir if local_dir is not None else "default", redundancy or "none",
-                                   group_size, flush_every)  # fmt: skip
-        return cls(
-            protocol=protocol,
-            retention=Retention(keep, keep_best, best),
-            storage=Storage(backend, backend_options, striping, incremental),  # type: ignore[arg-type]
-            node_local=node_local,
-            recovery=recovery,
-            durable_determinants=durable_determinants,
-            max_in_flight=max_in_flight,
-            schedule=schedule,
-        )
+        if given.get("local_dir") is not None or given.get("redundancy") is not None:
+            given["local_dir"] = given.get("local_dir") or "default"
+            given["redundancy"] = given.get("redundancy") or "none"
+            node_local = part(NodeLocal, {"directory": "local_dir"})
+        for key in ("local_dir", "redundancy", "group_size", "flush_every"):
+            given.pop(key, None)  # without a node-local level they have no effect
+        return cls(retention=part(Retention), storage=part(Storage), node_local=node_local, **given)
+
+
+class OptionKeywords(TypedDict, total=False):
+    """The keyword arguments of :class:`~hpckpt.Checkpointer`, each a shortcut for a field
+    of :class:`Options` or of its parts.
+
+    backend
+        A registered backend name (``"hdf5"``: one parallel HDF5 file per step;
+        ``"adios2"``: one ADIOS2 BP5 directory per step; ``"posix"``: raw files, one
+        per rank) or a backend object (see :mod:`hpckpt.storage.base`). Default hdf5.
+    backend_options
+        Keyword arguments of the named backend: for ``"adios2"``, ``parameters``
+        (engine parameters such as ``{"NumAggregators": "2"}``); for ``"posix"``,
+        ``ranks_per_file``, ``block_alignment``, ``segment_alignment``,
+        ``compression`` (``"blosc2"``, lossless) and ``lossy`` (``{"solver/*": 1e-8}``:
+        float leaves whose path matches are stored by ZFP within that absolute error;
+        only where the application can live with it, see docs/performance.md).
+    protocol
+        ``"coordinated"`` (default): all ranks save the same step in one call,
+        committed globally. ``"uncoordinated"``: each rank saves when it likes, alone;
+        messages sent through ``Checkpointer.comm`` are logged so that after a crash
+        every rank resumes from its own newest checkpoint (docs/protocols.md).
+    keep
+        How many of the newest committed steps to keep (at least 1, default 3). Older
+        ones are deleted, only after a new step has been committed.
+    keep_best, best
+        Also keep the ``keep_best`` steps with the best ``metric`` given to
+        ``save`` (lowest with ``best="min"``, highest with ``"max"``).
+    durable_determinants
+        Uncoordinated only: fsync each recorded wildcard-receive outcome, so they
+        survive a node failure and not only a process failure (slower).
+    max_in_flight
+        Most asynchronous saves (``blocking=False``) queued or running at once; each
+        holds one copy of the state in host memory (default 1).
+    local_dir, redundancy, group_size, flush_every
+        Multi-level (coordinated only): every save goes to node-local storage under
+        ``local_dir`` (``"default"``: ``/dev/shm/hpckpt-<hash of directory>``) with
+        ``redundancy`` ``"none"``, ``"partner"`` (a copy on the next node) or ``"xor"``
+        (parity over groups of ``group_size`` ranks on distinct nodes, default 4);
+        every ``flush_every``-th save (default 1) is also written to the run directory
+        with ``backend``, in the background (0: never). Restore takes the newest step
+        it can restore completely, from the node-local level (rebuilding lost copies)
+        or the file system.
+    schedule
+        When ``Checkpointer.due`` says to checkpoint (:class:`~hpckpt.schedule.Schedule`:
+        every N steps, every T seconds, or Daly's interval from the measured cost).
+    striping
+        ``{"count": C, "size": S}``: stripe each new step directory over C targets in
+        stripes of S bytes (``lfs setstripe`` where ``lfs`` exists) and tune the backend
+        for it: dataset alignment (hdf5), segment alignment (posix), one aggregator per
+        target (adios2); see ``docs/lustre.md``.
+    incremental
+        ``k >= 2``: store only the blocks that changed since the newest committed
+        step, with a full step every ``k`` saves (0, default: always full).
+    recovery
+        ``"ulfm"``: when a process dies, the survivors keep running and a replacement
+        process (the same program) takes each lost rank's place when it creates its
+        Checkpointer (see ``Checkpointer.recover`` and ``docs/ulfm.md``). Needs an MPI
+        with ULFM (Open MPI 5 started with ``mpiexec --with-ft ulfm``; a clear error
+        otherwise), the posix backend, blocking saves (flushes of a node-local level
+        too), and the application communicating through ``Checkpointer.comm`` only.
+    """
+
+    backend: str | Backend
+    backend_options: dict[str, Any] | None
+    protocol: str
+    keep: int
+    keep_best: int
+    best: str
+    durable_determinants: bool
+    max_in_flight: int
+    local_dir: str | os.PathLike[str] | None
+    redundancy: str | None
+    group_size: int
+    flush_every: int
+    schedule: Schedule | None
+    striping: dict[str, int] | Striping | None
+    incremental: int
+    recovery: str | None

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Backend, BlockData
 
-BackendLoader = Callable[[], Callable[..., Backend]]
+if TYPE_CHECKING:
+    from .lustre import Striping
+
+BackendLoader = Callable[[], type[Backend]]
 _REGISTRY: dict[str, BackendLoader] = {}
 
 
@@ -30,8 +33,25 @@ def backend_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def open_backend(name: str | Backend, options: dict[str, Any] | None = None) -> Backend:
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend registered as ``name`` (its module imported, not its library).
+
+    Raises
+    ------
+    ValueError
+        For a name that is not registered (listing the ones that are).
+    """
+    loader = _REGISTRY.get(name)
+    if loader is None:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(_REGISTRY)}")
+    return loader()
+
+
+def open_backend(name: str | Backend, options: dict[str, Any] | None = None, striping: Striping | None = None) -> Backend:
     """Return the backend called ``name`` made with ``options`` (or ``name`` if a Backend).
+
+    With ``striping``, the options not given take the backend's defaults for it
+    (:meth:`~hpckpt.storage.base.Backend.striped_options`).
 
     Raises
     ------
@@ -50,31 +70,30 @@ def open_backend(name: str | Backend, options: dict[str, Any] | None = None) -> 
         if not isinstance(name, Backend):
             raise TypeError(f"backend {name!r} is neither a registered name nor an hpckpt.storage.base.Backend")
         return name
-    loader = _REGISTRY.get(name)
-    if loader is None:
-        raise ValueError(f"unknown backend {name!r}; available: {', '.join(_REGISTRY)}")
-    backend_class = loader()
+    made = backend_class(name)
     options = dict(options or {})
     try:
-        inspect.signature(backend_class).bind(**options)
+        inspect.signature(made).bind(**options)
     except TypeError as exc:
         raise ValueError(f"backend {name!r} does not take backend_options {options!r}: {exc}") from exc
-    return backend_class(**options)
+    if striping is not None:
+        options = made.striped_options(striping, options)
+    return made(**options)
 
 
-def _hdf5() -> Callable[..., Backend]:
+def _hdf5() -> type[Backend]:
     from .hdf5 import HDF5Backend
 
     return HDF5Backend
 
 
-def _adios2() -> Callable[..., Backend]:
+def _adios2() -> type[Backend]:
     from .bp5 import ADIOS2Backend
 
     return ADIOS2Backend
 
 
-def _posix() -> Callable[..., Backend]:
+def _posix() -> type[Backend]:
     from .posix import PosixBackend
 
     return PosixBackend
@@ -84,4 +103,4 @@ register_backend("hdf5", _hdf5)
 register_backend("adios2", _adios2)
 register_backend("posix", _posix)
 
-__all__ = ["Backend", "BlockData", "backend_names", "open_backend", "register_backend"]
+__all__ = ["Backend", "BlockData", "backend_class", "backend_names", "open_backend", "register_backend"]

@@ -25,10 +25,10 @@ Backends derive from :class:`Backend`, which declares their optional capabilitie
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,8 @@ from ..model.manifest import Block, LeafRecord
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .lustre import Striping
 
 
 class Encoded(NamedTuple):
@@ -68,6 +70,11 @@ class Backend:
     - ``collective_write = True``: ``write`` makes collective calls inside the I/O
       library (ADIOS2's aggregation); the protocol first waits, under the watchdog, for
       every rank to arrive, so a rank that never joins is named (hpckpt/_comm.py);
+    - ``repairable_in_job = True``: a save can be repeated over a communicator that
+      in-job recovery (ULFM) repaired; the backend's library keeps no collective
+      state across saves (recovery="ulfm" needs it);
+    - ``striped_options(striping, options)``: the backend's options tuned for the
+      Lustre striping of the step directories (storage/lustre.py), where not given;
     - ``encode(path, array) -> Encoded``: the bytes stored for a block of leaf ``path``
       (compression), called on each rank before the layout; ``layout`` then finds each
       block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
@@ -77,7 +84,14 @@ class Backend:
     name: str = ""
     writes_in_place: bool = False
     collective_write: bool = False
+    repairable_in_job: bool = False
     encode: Callable[[str, np.ndarray], Encoded] | None = None
+
+    @classmethod
+    def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` with this backend's defaults for ``striping`` filled in where not
+        given. Pure. Default: unchanged."""
+        return dict(options)
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """``records`` with their storage locations filled in. Pure and deterministic."""

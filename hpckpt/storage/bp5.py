@@ -41,6 +41,8 @@ from .base import Backend, BlockData
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from .lustre import Striping
+
 DIRECTORY_NAME = "data.bp"
 _DATA_FILE = re.compile(r"^data\.\d+$")
 DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off", "AggregationType": "EveryoneWrites"}
@@ -110,6 +112,12 @@ class ADIOS2Backend(Backend):
     name = "adios2"
     writes_in_place = True  # a recycled data.bp/ is written into (see write)
     collective_write = True  # the aggregators gather the other ranks' data and metadata
+
+    @classmethod
+    def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
+        """One subfile per stripe target (two-level aggregation), the given parameters first."""
+        striped = {"AggregationType": "TwoLevelShm", "NumAggregators": str(striping.count)}
+        return {**options, "parameters": {**striped, **options.get("parameters", {})}}
 
     def __init__(self, parameters: Mapping[str, Any] | None = None, engine: str = "BP5") -> None:
         self._adios2 = _bindings()

@@ -24,7 +24,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,8 @@ from .base import Backend, BlockData
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .lustre import Striping
 
 FILE_NAME = "data.h5"
 LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in the file
@@ -71,6 +73,11 @@ class HDF5Backend(Backend):
 
     name = "hdf5"
     writes_in_place = True
+
+    @classmethod
+    def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Datasets aligned to the stripe size, so that no two ranks' hyperslabs share a stripe."""
+        return {"alignment": striping.size, **options}
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 ``Checkpointer(..., striping={"count": 8, "size": 1 << 20})`` says how new step
 directories are striped: ``lfs setstripe -c COUNT -S SIZE`` is applied to each one when
 the ``lfs`` command exists (elsewhere the striping only sets defaults), and each
-backend's defaults follow it unless given explicitly:
+backend's defaults follow it unless given explicitly (``Backend.striped_options``):
 
 - hdf5: datasets of 64 KiB or more aligned to the stripe size, so that no two ranks'
   hyperslabs share a stripe needlessly;
@@ -18,7 +18,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .._checks import require_count
 
@@ -43,21 +42,6 @@ class Striping:
         if size % 65536:
             raise ValueError(f"striping size must be a multiple of 64 KiB (Lustre's rule), got {size}")
         return cls(count, size)
-
-
-def backend_defaults(backend: str, striping: Striping | None, options: dict[str, Any] | None) -> dict[str, Any]:
-    """``options`` with the striping's defaults for ``backend`` filled in where not given."""
-    merged = dict(options or {})
-    if striping is None:
-        return merged
-    if backend == "hdf5":
-        merged.setdefault("alignment", striping.size)
-    elif backend == "posix":
-        merged.setdefault("segment_alignment", striping.size)
-    elif backend == "adios2":
-        parameters = {"AggregationType": "TwoLevelShm", "NumAggregators": str(striping.count)}
-        merged["parameters"] = {**parameters, **merged.get("parameters", {})}
-    return merged
 
 
 def set_stripe(directory: Path, striping: Striping) -> None:

@@ -32,7 +32,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,8 @@ from .base import Backend, BlockData, Encoded
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+    from .lustre import Striping
 
 _MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
 _MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
@@ -73,6 +75,13 @@ class PosixBackend(Backend):
 
     name = "posix"
     writes_in_place = True
+
+    repairable_in_job = True
+
+    @classmethod
+    def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Segments of ranks sharing a file start at multiples of the stripe size."""
+        return {"segment_alignment": striping.size, **options}
 
     def __init__(
         self,

@@ -47,7 +47,7 @@ def test_several_in_flight_with_retention_and_app_traffic(world, mpi_tmp_path):
         checkpointer.wait()
         assert checkpointer.saves == 6
         assert checkpointer.steps() == [4, 5, 6]
-        buffers = checkpointer._background.buffer_bytes()
+        buffers = checkpointer.engine.buffer_bytes()
         state_bytes = state["u"].array.nbytes + state["rng"].array.nbytes
         assert buffers == 2 * state_bytes  # two buffer sets, reused by all six saves
         target = make_state(world, 0.0)

@@ -16,8 +16,8 @@ LAYERS = [  # lowest first; a module's layer is the longest prefix listed
     ("model", ["hpckpt.model"]),
     ("buffers and storage", ["hpckpt.buffers", "hpckpt.storage"]),
     ("protocols and levels", ["hpckpt.messages", "hpckpt.protocols", "hpckpt.levels", "hpckpt.recovery"]),
-    ("facade", ["hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.options",
-                "hpckpt.testing"]),
+    ("engines", ["hpckpt.engines", "hpckpt.options"]),
+    ("facade", ["hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.testing"]),
     ("command line and examples", ["hpckpt.cli", "hpckpt.__main__", "hpckpt.relaunch", "hpckpt.examples"]),
 ]  # fmt: skip
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from hpckpt.storage.lustre import Striping, backend_defaults
+from hpckpt.storage import Backend, backend_class, open_backend
+from hpckpt.storage.lustre import Striping
 
 STRIPES = Striping(8, 4 << 20)
 
@@ -22,12 +23,18 @@ def test_bad_striping_is_named(value, message):
 
 
 def test_hdf5_gets_alignment_but_keeps_the_users():
-    assert backend_defaults("hdf5", STRIPES, {}) == {"alignment": 4 << 20}
-    assert backend_defaults("hdf5", STRIPES, {"alignment": 65536}) == {"alignment": 65536}
+    hdf5 = backend_class("hdf5")
+    assert hdf5.striped_options(STRIPES, {}) == {"alignment": 4 << 20}
+    assert hdf5.striped_options(STRIPES, {"alignment": 65536}) == {"alignment": 65536}
 
 
 def test_posix_and_adios2_defaults():
-    assert backend_defaults("posix", STRIPES, None) == {"segment_alignment": 4 << 20}
-    assert backend_defaults("adios2", STRIPES, {"parameters": {"Profile": "On"}}) == {
+    assert backend_class("posix").striped_options(STRIPES, {}) == {"segment_alignment": 4 << 20}
+    assert backend_class("adios2").striped_options(STRIPES, {"parameters": {"Profile": "On"}}) == {
         "parameters": {"AggregationType": "TwoLevelShm", "NumAggregators": "8", "Profile": "On"}}
-    assert backend_defaults("hdf5", None, {"x": 1}) == {"x": 1}
+
+
+def test_open_backend_applies_the_striping_only_when_given():
+    assert open_backend("hdf5", {}, STRIPES).alignment == 4 << 20
+    assert open_backend("hdf5", {}).alignment is None
+    assert Backend.striped_options(STRIPES, {"x": 1}) == {"x": 1}  # a backend that declares nothing

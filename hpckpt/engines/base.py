@@ -1,0 +1,141 @@
+"""What every engine does the same way: its statistics, the restore of pickled leaves,
+and the small interface that in-job recovery repairs it through."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._comm import run_phase
+from ..errors import PickleWarning, UnsafeLoadError
+from ..model.leaves import Pickled
+from ..model.tree import flatten
+from ..protocols.coordinated import SaveReport
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..options import Options
+    from ..storage.base import Backend
+    from ..storage.commit import RunDirectory
+    from .background import SaveHandle
+
+
+@dataclass
+class SaveStats:
+    """What the saves of one Checkpointer cost (the last report, how many, how long) and
+    where its last restore read from."""
+
+    last_save: SaveReport | None = None
+    saves: int = 0
+    save_seconds: float = 0.0
+    snapshot_seconds: float = 0.0  # how long the last non-blocking save blocked the caller
+    restored_level: str | None = None  # multi-level: which level the last restore read
+
+    def record(self, report: SaveReport) -> None:
+        """Count one committed save."""
+        self.last_save = report
+        self.saves += 1
+        self.save_seconds += sum(report.seconds.values())
+
+
+class Engine:
+    """One mode of saving and restoring, over hpckpt's own duplicated communicator.
+
+    The facade (:class:`~hpckpt.Checkpointer`) owns the communicator ``control``, the
+    run directory's lock and in-job recovery; an engine owns what its mode needs
+    besides. Which calls are collective is each engine's contract (see its docs).
+
+    For in-job recovery (:class:`~hpckpt.recovery.in_job.InJobRecovery`) an engine
+    names the communicators a survivor may be waiting in (:meth:`communicators`) and
+    takes the repaired one (:meth:`reattach`).
+    """
+
+    def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
+        self.control, self.run_dir, self.backend, self.options = control, run_dir, backend, options
+        self.stats = SaveStats()
+
+    @property
+    def comm(self) -> Any:
+        """The communicator the application uses between checkpoints."""
+        return self.control
+
+    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+        """Save and commit ``state`` as ``step`` (see :meth:`hpckpt.Checkpointer.save`)."""
+        raise NotImplementedError
+
+    def steps(self) -> list[int]:
+        """The committed steps, oldest first."""
+        raise NotImplementedError
+
+    def settle(self, *, wait: bool = False) -> None:
+        """Report finished non-blocking saves; raise the first failure (none here)."""
+
+    def restore(self, state: Any, local_from: Callable[[int], int] | None, allow_pickle: bool) -> int | None:
+        """Fill ``state`` from the newest committed step (see :meth:`hpckpt.Checkpointer.restore`).
+
+        Collective over ``control``: the pickled-leaves check, the engine's own restore,
+        then the unpickling, each agreed on every rank.
+        """
+        self.settle(wait=True)
+        pickled = run_phase(self.control, "restore: pickled leaves", lambda: pickled_leaves(state, allow_pickle))
+        step = self._restore_arrays(state, local_from)
+        if step is not None and pickled:
+            if self.control.rank == 0:
+                names = ", ".join(repr(path) for path, _ in pickled)
+                warnings.warn(f"unpickling {names} of step {step} (allow_pickle=True): this runs code named in "
+                              "the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=3)
+
+            def unpickle() -> None:
+                for _, leaf in pickled:
+                    leaf.unpickle()
+
+            self._unpickle(step, unpickle)
+        return step
+
+    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
+        raise NotImplementedError
+
+    def _unpickle(self, step: int, unpickle: Callable[[], None]) -> None:
+        run_phase(self.control, f"restore step {step}: unpickle", unpickle)
+
+    def _saved(self, started: float) -> None:
+        """Tell the schedule what a save cost the application, from ``started`` on."""
+        if self.options.schedule is not None:
+            self.options.schedule.saved(time.perf_counter() - started)
+
+    def repair_failures_with(self, repair: Callable[[], None]) -> None:
+        """Under in-job recovery: what a failure met inside :attr:`comm` does. Here nothing:
+        the error reaches the application, which calls :meth:`hpckpt.Checkpointer.recover`."""
+
+    def rolling_back(self) -> None:
+        """This rank is about to restore after an in-job repair (see :meth:`hpckpt.Checkpointer.recover`)."""
+
+    def communicators(self) -> list[MPI.Comm]:
+        """The engine's own communicators besides ``control``, which a repair revokes and frees."""
+        return []
+
+    def reattach(self, control: MPI.Comm) -> None:
+        """Go on over the repaired communicator ``control``. Collective over it."""
+        self.control = control
+
+    def close(self, *, drain: bool) -> None:
+        """Release what the engine holds; ``drain`` first finishes its collective work.
+
+        Raises the first error of a drained non-blocking save, once all is released.
+        """
+
+
+def pickled_leaves(state: Any, allow_pickle: bool) -> list[tuple[str, Pickled]]:
+    """The Pickled leaves of ``state`` by path; UnsafeLoadError if any and not allowed."""
+    found = [(slot.path, slot.value) for slot in flatten(state) if isinstance(slot.value, Pickled)]
+    if found and not allow_pickle:
+        raise UnsafeLoadError(
+            f"the state holds hpckpt.Pickled leaves ({', '.join(repr(path) for path, _ in found)}); restoring them "
+            "unpickles data from the checkpoint, which can run any code. Pass allow_pickle=True to "
+            "Checkpointer.restore only for checkpoints you trust"
+        )
+    return found

@@ -1,0 +1,80 @@
+"""The coordinated engine: every rank saves the same step together; one global commit.
+
+Every method is collective over the engine's communicator: each rank calls it in the
+same order with the same step (and each its own state). Saves are blocking, or
+non-blocking (``blocking=False``, :mod:`hpckpt.engines.background`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..protocols.coordinated import SaveReport, save_coordinated
+from ..protocols.restore import list_committed_steps, restore_newest
+from .background import BackgroundSaves, SaveHandle
+from .base import Engine
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+class CoordinatedEngine(Engine):
+    """Coordinated saves into the run directory, blocking or in the background."""
+
+    _background: BackgroundSaves | None = None
+
+    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+        if not blocking:
+            return self._save_in_background(step, state, metric, base)
+        self.settle(wait=True)
+        started = time.perf_counter()
+        self.stats.record(self.commit_step(self.control, step, state, metric, base))
+        self._saved(started)
+        return None
+
+    def commit_step(
+        self, comm: MPI.Comm, step: int, state: Any, metric: float | None, base: int | None = None
+    ) -> SaveReport:
+        """Write and commit ``step`` into the run directory over ``comm`` (see :func:`save_coordinated`)."""
+        retention, storage = self.options.retention, self.options.storage
+        return save_coordinated(
+            comm, self.run_dir, self.backend, step, state, keep=retention.keep, keep_best=retention.keep_best,
+            best=retention.best, metric=metric, incremental=storage.incremental, base=base,
+        )  # fmt: skip
+
+    def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:
+        if self.options.recovery is not None:
+            raise ValueError("blocking=False is not available with recovery='ulfm' (a background save cannot be repaired)")
+        if self._background is None:
+            self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.stats)
+        handle = self._background.submit(step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base))
+        if self.options.schedule is not None:
+            self.options.schedule.saved(self.stats.snapshot_seconds)
+        return handle
+
+    def settle(self, *, wait: bool = False) -> None:
+        """Report the non-blocking saves finished on every rank; raise the first failure.
+
+        Collective once a non-blocking save has been made; ``wait`` waits for all.
+        """
+        if self._background is not None:
+            self._background.settle(wait=wait)
+
+    def buffer_bytes(self) -> int:
+        """Host memory held by idle snapshot buffers of non-blocking saves."""
+        return 0 if self._background is None else self._background.saver.buffer_bytes()
+
+    def steps(self) -> list[int]:
+        self.settle()
+        return list_committed_steps(self.control, self.run_dir)
+
+    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
+        return restore_newest(self.control, self.run_dir, self.backend, state, local_from=local_from)
+
+    def close(self, *, drain: bool) -> None:
+        background, self._background = self._background, None
+        failure = background.drain() if background is not None and drain else None
+        if failure is not None:
+            raise failure

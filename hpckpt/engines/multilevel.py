@@ -1,0 +1,94 @@
+"""The multi-level engine: coordinated saves to node-local storage, flushed now and then.
+
+Every save goes to the node-local level (:class:`~hpckpt.levels.store.NodeLocalStore`,
+with partner or parity redundancy); every ``flush_every``-th save is also written to
+the run directory, in the background (blocking under in-job recovery, which cannot
+repair a background thread). Restore takes the newest step it can restore completely,
+from either level. Collective as the coordinated engine.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CheckpointFallbackWarning, CollectiveError
+from ..levels.store import NodeLocalStore, default_local_root
+from ..protocols.restore import list_committed_steps, restore_newest
+from .background import SaveHandle
+from .coordinated import CoordinatedEngine
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ..options import Options
+    from ..storage.base import Backend
+    from ..storage.commit import RunDirectory
+
+
+class MultiLevelEngine(CoordinatedEngine):
+    """Coordinated saves to a node-local level, flushed to the run directory."""
+
+    def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
+        super().__init__(control, run_dir, backend, options)
+        levels = options.node_local
+        assert levels is not None  # chosen by open_engine for these options only
+        self._levels = levels
+        self._root = default_local_root(run_dir.root) if levels.directory == "default" else Path(levels.directory)
+        self._local = self._open_store()
+        self._local_saves = 0
+
+    def _open_store(self) -> NodeLocalStore:
+        levels = self._levels
+        return NodeLocalStore(self.control, self._root, levels.redundancy, levels.group_size, self.options.retention.keep)
+
+    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+        """Save to the node-local level (always blocking); flush when due (``blocking`` aside)."""
+        if base is not None:
+            raise ValueError("save(base=...) works with the coordinated protocol without a node-local level only")
+        self.settle(wait=True)
+        started = time.perf_counter()
+        self.stats.record(self._local.save(step, state, metric))
+        self._local_saves += 1
+        self._saved(started)
+        flush_every = self._levels.flush_every
+        if not flush_every or self._local_saves % flush_every:
+            return None
+        if self.options.recovery is not None:  # a flush in a background thread could not be repaired
+            self.stats.record(self.commit_step(self.control, step, state, metric))
+            return None
+        return self._save_in_background(step, state, metric)
+
+    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
+        local = self._local.restorable_step()
+        flushed = list_committed_steps(self.control, self.run_dir)
+        if local is not None and (not flushed or local >= flushed[-1]):
+            try:
+                self._local.restore(local, state)
+                self._local.discard_after(local)
+                self.stats.restored_level = "node-local"
+                return local
+            except CollectiveError as exc:
+                warnings.warn(f"node-local step {local} could not be restored ({exc}); using the file system",
+                              CheckpointFallbackWarning, stacklevel=4)  # fmt: skip
+        step = restore_newest(self.control, self.run_dir, self.backend, state, local_from=local_from)
+        self.stats.restored_level = None if step is None else "file system"
+        self._local.discard_after(step)  # newer local steps than the restored one are stale
+        return step
+
+    def communicators(self) -> list[MPI.Comm]:
+        return [] if self._local.group is None else [self._local.group]
+
+    def reattach(self, control: MPI.Comm) -> None:
+        super().reattach(control)
+        self._local = self._open_store()
+
+    def close(self, *, drain: bool) -> None:
+        try:
+            super().close(drain=drain)
+        finally:
+            if drain:
+                self._local.close()

@@ -1,0 +1,50 @@
+"""Integrity of a committed step's files against its manifest, before any library opens them.
+
+Not collective: restore runs it on rank 0 and shares the findings; ``hpckpt verify``
+and :class:`~hpckpt.CheckpointReader` run it in one process.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..checksum import file_checksum
+from ..errors import CorruptCheckpointError
+from ..model.delta import referenced_steps
+from ..model.manifest import Manifest
+from .commit import RunDirectory
+
+
+def damaged_files(run_dir: RunDirectory, manifest: Manifest) -> list[str]:
+    """What is wrong with the step's files, and with those of the steps it reads blocks
+    of: missing, not of their committed size, or (metadata files) not of their committed
+    checksum. Reads only those metadata files (and the other manifests)."""
+    problems = _damaged_own_files(run_dir, manifest)
+    for other in sorted(referenced_steps(manifest)):
+        try:
+            problems += _damaged_own_files(run_dir, run_dir.manifest(other))
+        except CorruptCheckpointError as exc:
+            problems.append(f"step {manifest.step} reads blocks of step {other}, which is unusable: {exc}")
+    return problems
+
+
+def _damaged_own_files(run_dir: RunDirectory, manifest: Manifest) -> list[str]:
+    problems = []
+    for name, size in manifest.files.items():
+        path = run_dir.step_path(manifest.step) / name
+        try:
+            status = os.stat(path)
+        except OSError as exc:
+            problems.append(f"{path} is missing ({exc.strerror})")
+            continue
+        if size is not None and status.st_size != size:
+            problems.append(f"{path} has {status.st_size} bytes, but {size} were committed")
+        elif name in manifest.file_checksums:
+            try:
+                digest = file_checksum(path)
+            except OSError as exc:
+                problems.append(f"{path} cannot be read ({exc.strerror})")
+                continue
+            if digest != manifest.file_checksums[name]:
+                problems.append(f"{path} does not match its committed checksum (metadata file changed)")
+    return problems
