@@ -15,9 +15,11 @@ install:
 test: install
 	$(MAKE) lint test-unit test-fault test-mpi test-lab test-slurm test-ulfm
 
-# ruff (the rule set is in pyproject.toml) over the library, the tests, perf/ and tools/.
+# ruff (the rule set is in pyproject.toml) over the library, the tests, perf/ and tools/;
+# mypy (settings in pyproject.toml) over the library.
 lint:
 	$(PY) -m ruff check hpckpt tests perf tools
+	$(PY) -m mypy
 
 test-unit:
 	$(PY) -m pytest tests/unit tests/gpu -q -rs

@@ -29,7 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -131,10 +131,11 @@ def _notices(comm: MPI.Comm) -> MPI.Comm:
     global _notices_keyval
     if _notices_keyval is None:
         _notices_keyval = MPI.Comm.Create_keyval(delete_fn=lambda _comm, _keyval, notices: notices.Free())
-    notices = comm.Get_attr(_notices_keyval)
-    if notices is None:
-        notices = comm.Dup()
-        comm.Set_attr(_notices_keyval, notices)
+    cached = comm.Get_attr(_notices_keyval)
+    if cached is not None:
+        return cast("MPI.Comm", cached)
+    notices = comm.Dup()
+    comm.Set_attr(_notices_keyval, notices)
     return notices
 
 

@@ -23,6 +23,7 @@ from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import RunDirectory
+from .storage.integrity import damaged_files
 from .storage.names import MANIFEST_NAME, parse_step_entry
 from .storage.verified import read_verified
 
@@ -95,7 +96,7 @@ class CheckpointReader:
             except CorruptCheckpointError as exc:
                 found.append(StepEntry(step, "corrupt", path, size, None, str(exc)))
                 continue
-            problems = self.run_dir.damaged_files(manifest)
+            problems = damaged_files(self.run_dir, manifest)
             status = "corrupt" if problems else "committed"
             found.append(StepEntry(step, status, path, size, manifest, problems[0] if problems else None))
         return sorted(found, key=lambda e: (e.step, e.status != "committed"))
@@ -135,7 +136,7 @@ class CheckpointReader:
         an I/O library never parses a damaged file.
         """
         if step not in self._intact_files:
-            problems = self.run_dir.damaged_files(self.manifest(step))
+            problems = damaged_files(self.run_dir, self.manifest(step))
             if problems:
                 raise CorruptCheckpointError(f"step {step}: " + "; ".join(problems))
             self._intact_files.add(step)
@@ -166,7 +167,7 @@ class CheckpointReader:
         record = self.record(path, manifest.step)
         if record.kind == "local":
             raise ValueError(f"leaf {path!r} is local: read it with local_blocks()")
-        whole = np.empty(record.global_shape, dtype=record.dtype)
+        whole = np.empty(record.whole_shape, dtype=record.dtype)
         everything = ((0,) * whole.ndim, whole.shape)
         for block in record.blocks:
             data = self.read_block(record, block, manifest.step, backend=manifest.backend)
@@ -185,7 +186,7 @@ class CheckpointReader:
         called after each block.
         """
         manifest = self.manifest(step)
-        problems = self.run_dir.damaged_files(manifest)
+        problems = damaged_files(self.run_dir, manifest)
         if problems:
             return [Finding("", -1, problem.split(" ")[0], problem) for problem in problems]
         findings = []

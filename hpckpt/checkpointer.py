@@ -169,7 +169,7 @@ class Checkpointer:
         if self.options.schedule is None:
             raise ValueError("due() needs a schedule: Checkpointer(..., schedule=hpckpt.Schedule(...))")
         self.engine.settle()
-        return self.options.schedule.due(step, self._comm)
+        return self.options.schedule.due(step, self.engine.control)
 
     def wait(self) -> None:
         """Finish every non-blocking save; raise the first error among them. Collective."""
@@ -247,7 +247,7 @@ class Checkpointer:
             ``failure`` itself, unchanged, when it is not a process failure (or
             ``recovery`` is not ``"ulfm"``).
         """
-        if self._recovery is None or not (ulfm.is_process_failure(failure) or ulfm.peers_failed(self._comm)):
+        if self._recovery is None or not (ulfm.is_process_failure(failure) or ulfm.peers_failed(self.engine.control)):
             raise failure
         self._repair()
         self.engine.rolling_back()

@@ -27,7 +27,7 @@ def text_checksum(text: str) -> str:
 
 def block_checksum(array: np.ndarray) -> str:
     """Return the hex ``xxh3_64`` digest of a C-contiguous array's bytes."""
-    return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8))
+    return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8).data)
 
 
 def pieces_checksum(pieces: Iterable[np.ndarray]) -> str:
@@ -35,5 +35,5 @@ def pieces_checksum(pieces: Iterable[np.ndarray]) -> str:
     the same digest as :func:`block_checksum` of their concatenation."""
     digest = xxhash.xxh3_64()
     for piece in pieces:
-        digest.update(piece)
+        digest.update(piece.data)
     return digest.hexdigest()

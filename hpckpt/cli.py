@@ -17,7 +17,9 @@ from typing import Any
 
 from .errors import HpckptError
 from .relaunch import run_with_relaunch
+from .storage.integrity import damaged_files
 from .storage.names import TRANSIENT_SUFFIXES
+from .storage.retention import KeepNewest, retain
 
 BACKEND_CHOICES = ("hdf5", "adios2", "posix")
 
@@ -167,7 +169,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     reader = _reader(args.directory)
     manifest = reader.manifest(args.step)
-    damaged = reader.run_dir.damaged_files(manifest)
+    damaged = damaged_files(reader.run_dir, manifest)
     leaves = []
     for record in manifest.leaves:
         leaves.append({
@@ -291,7 +293,7 @@ def _gc(args: argparse.Namespace) -> int:
         print(f"hpckpt gc: warning: {exc.args[0]}; deleting anyway (--force)", file=sys.stderr)
     try:
         leftovers = [entry for entry in reader.entries() if entry.path.suffix in TRANSIENT_SUFFIXES]
-        deleted = reader.run_dir.retain(args.keep)
+        deleted = retain(reader.run_dir, (KeepNewest(args.keep),))
     finally:
         lock.release()
     for entry in leftovers:

@@ -25,6 +25,7 @@ from .recovery.ulfm import RECOVERY_MODES
 from .schedule import Schedule
 from .storage import Backend, backend_class, backend_names, open_backend
 from .storage.lustre import Striping
+from .storage.retention import KeepBest, KeepNewest, RetentionPolicy
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -44,6 +45,10 @@ class Retention:
         require_count(self.keep_best, "keep_best", 0)
         if self.best not in ("min", "max"):
             raise ValueError(f"best must be 'min' or 'max', got {self.best!r}")
+
+    def policies(self) -> tuple[RetentionPolicy, ...]:
+        """These rules as the retention policies of :mod:`hpckpt.storage.retention`."""
+        return (KeepNewest(self.keep), KeepBest(self.keep_best, self.best))
 
 
 @dataclass(frozen=True)

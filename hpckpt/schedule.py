@@ -81,17 +81,16 @@ class Schedule:
         if mtbf is not None and not mtbf > 0:
             raise ValueError(f"mtbf must be > 0 seconds, got {mtbf!r}")
         self.steps, self.auto, self.mtbf = steps, auto, mtbf
-        self.interval_seconds = seconds if seconds is not None else None
+        self.interval_seconds = daly_interval(_FIRST_COST_GUESS, mtbf) if mtbf is not None and auto else seconds
         self._costs: deque[float] = deque(maxlen=3)
         self._pending_cost = 0.0
         self._last = time.monotonic()
-        if auto:
-            self.interval_seconds = daly_interval(_FIRST_COST_GUESS, mtbf)
 
     def due(self, step: int, comm: MPI.Comm) -> bool:
         """Whether to checkpoint at ``step``. Collective over ``comm`` for time-based schedules."""
         if self.steps is not None:
             return step % self.steps == 0
+        assert self.interval_seconds is not None  # time-based: given, or Daly's from the MTBF
         from mpi4py import MPI
 
         local = np.array([time.monotonic() - self._last, self._pending_cost], dtype=np.float64)
@@ -106,6 +105,7 @@ class Schedule:
         return elapsed >= self.interval_seconds
 
     def _retune(self, rank: int) -> None:
+        assert self.mtbf is not None and self.interval_seconds is not None  # auto: both known
         mean = sum(self._costs) / len(self._costs)
         interval = daly_interval(mean, self.mtbf)
         if abs(interval - self.interval_seconds) > 0.1 * self.interval_seconds and rank == 0:

@@ -40,8 +40,8 @@ class CoordinatedEngine(Engine):
         """Write and commit ``step`` into the run directory over ``comm`` (see :func:`save_coordinated`)."""
         retention, storage = self.options.retention, self.options.storage
         return save_coordinated(
-            comm, self.run_dir, self.backend, step, state, keep=retention.keep, keep_best=retention.keep_best,
-            best=retention.best, metric=metric, incremental=storage.incremental, base=base,
+            comm, self.run_dir, self.backend, step, state, retention=retention.policies(), metric=metric,
+            incremental=storage.incremental, base=base,
         )  # fmt: skip
 
     def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:

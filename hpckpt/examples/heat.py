@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         resumed = checkpointer.restore(state)
         if ulfm and not replacement:
             pids = comm.gather(os.getpid(), root=0)
-            if comm.rank == 0:
+            if pids is not None:  # rank 0
                 print(f"heat: started pids={','.join(map(str, pids))}", flush=True)
         if comm.rank == 0 and resumed is not None and not uncoordinated and not replacement:
             level = f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""
@@ -241,7 +241,7 @@ def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, 
     resumed_all = comm.gather("none" if resumed is None else str(resumed), root=0)
     log_peaks = comm.gather(log_peak, root=0)
     pids = comm.gather(os.getpid(), root=0)
-    if comm.rank == 0:
+    if field is not None:  # rank 0
         if args.out:
             np.save(args.out, field)
         elapsed = time.perf_counter() - started

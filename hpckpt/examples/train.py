@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         first, count = split(total, size, rank)
         mine = flat[first : first + count].copy()
         m, v = np.zeros(count), np.zeros(count)
-        state = {
+        state: dict[str, Any] = {
             "params": hpckpt.Distributed(mine, global_shape=(total,), offset=(first,)),
             "adam": {"m": hpckpt.Distributed(m, global_shape=(total,), offset=(first,)),
                      "v": hpckpt.Distributed(v, global_shape=(total,), offset=(first,)), "t": 0},
@@ -233,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ckpt.save(done, state)
             if stopping:
                 if rank == 0:
-                    print(f"train: stopped at step {done} (checkpoint step {done}): {job.stop_reason}", flush=True)
+                    print(f"train: stopped at step {done} (checkpoint step {done}): {job and job.stop_reason}", flush=True)
                 return STOPPED_EXIT_CODE
     if args.shard:
         final = np.empty(total)
@@ -243,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     resumed_all = world.gather("none" if resumed is None else str(resumed), root=0)
     if rank == 0:
         if args.out:
-            np.savez(args.out, **{k: v.copy() for k, v in unflatten(final, args.hidden).items()})
+            np.savez(args.out, allow_pickle=False, **{k: v.copy() for k, v in unflatten(final, args.hidden).items()})
+        assert resumed_all is not None  # gathered on rank 0
         resumed_from = ",".join(resumed_all) if uncoordinated else resumed_all[0]
         digest = hashlib.sha256(final.tobytes()).hexdigest()
         print(f"train: done steps={args.steps} resumed_from={resumed_from} loss={loss:.17g} checksum={digest}", flush=True)

@@ -107,10 +107,14 @@ def xor_rebuild(
     chunk = _chunk_length(lengths, members)
     contribution = np.zeros((members - 1, chunk), dtype=np.uint8)
     if me != lost:
+        assert blob is not None and parity is not None  # every member but the lost one has both
         data = _chunks(blob, chunk, members)
         for c in range(members - 1):
             keeper = (lost + c + 1) % members  # holds the parity that covers lost's chunk c
             contribution[c] = parity if me == keeper else data[(keeper - me - 1) % members]
-    rebuilt = np.empty_like(contribution) if me == lost else None
-    group.Reduce([contribution, MPI.BYTE], [rebuilt, MPI.BYTE] if me == lost else None, op=MPI.BXOR, root=lost)
-    return rebuilt.reshape(-1)[: lengths[lost]] if me == lost else None
+    if me != lost:
+        group.Reduce([contribution, MPI.BYTE], None, op=MPI.BXOR, root=lost)
+        return None
+    rebuilt = np.empty_like(contribution)
+    group.Reduce([contribution, MPI.BYTE], [rebuilt, MPI.BYTE], op=MPI.BXOR, root=lost)
+    return rebuilt.reshape(-1)[: lengths[lost]]

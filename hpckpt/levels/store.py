@@ -32,6 +32,7 @@ from ..protocols.restore import restore_newest
 from ..storage.commit import RunDirectory, replace_directory
 from ..storage.names import parse_step_entry, rank_name, step_name
 from ..storage.posix import PosixBackend
+from ..storage.retention import KeepNewest, retain
 from .redundancy import exchange_partner, pack, unpack, xor_parity, xor_rebuild
 
 if TYPE_CHECKING:
@@ -108,9 +109,14 @@ class NodeLocalStore:
             if self.group.size < 2:
                 raise ValueError("redundancy='xor' needs groups of at least 2 ranks on distinct nodes")
 
+    def _parity_group(self) -> MPI.Comm:
+        """This rank's XOR group (redundancy="xor" only)."""
+        assert self.group is not None, "only redundancy='xor' has parity groups"
+        return self.group
+
     def _group_ranks(self) -> list[int]:
         """The ranks (of ``comm``) of this rank's XOR group, in group order."""
-        return self.group.allgather(self.comm.rank)
+        return self._parity_group().allgather(self.comm.rank)
 
     def _index_on_node(self, rank: int) -> int:
         return self._members[self.nodes[rank]].index(rank)
@@ -124,7 +130,7 @@ class NodeLocalStore:
         from mpi4py import MPI
 
         report = save_coordinated(
-            MPI.COMM_SELF, self.own, self.backend, step, state, keep=self.keep, metric=metric, complete=False
+            MPI.COMM_SELF, self.own, self.backend, step, state, retention=(KeepNewest(self.keep),), metric=metric, complete=False
         )
         if self.redundancy == "none":
             return report
@@ -133,14 +139,14 @@ class NodeLocalStore:
             held = exchange_partner(self.comm, blob, self.holder, self.owner)
             run_phase(self.comm, f"local step {step}: partner copy", lambda: self._keep_partner(step, held))
         else:
-            parity, lengths = xor_parity(self.group, blob)
+            parity, lengths = xor_parity(self._parity_group(), blob)
             run_phase(self.comm, f"local step {step}: parity", lambda: self._keep_parity(step, parity, lengths))
         return report
 
     def _keep_partner(self, step: int, held: np.ndarray) -> None:
         self.partner_dir.root.mkdir(parents=True, exist_ok=True)
         _place(self.partner_dir.step_path(step), lambda temp: unpack(held, temp))
-        self.partner_dir.retain(self.keep)
+        retain(self.partner_dir, (KeepNewest(self.keep),))
 
     def _keep_parity(self, step: int, parity: np.ndarray, lengths: list[int]) -> None:
         final = self.parity_dir / step_name(step)
@@ -224,17 +230,18 @@ class NodeLocalStore:
         lost = [position for position, rank in enumerate(ranks) if missing[rank]]
         if not lost:
             return
-        me = self.group.rank
+        group = self._parity_group()
+        me = group.rank
         parity_path = self.parity_dir / step_name(step)
-        lengths = self.group.bcast(
-            json.loads((parity_path / "lengths.json").read_text()) if me == (lost[0] + 1) % self.group.size else None,
-            root=(lost[0] + 1) % self.group.size,
+        lengths = group.bcast(
+            json.loads((parity_path / "lengths.json").read_text()) if me == (lost[0] + 1) % group.size else None,
+            root=(lost[0] + 1) % group.size,
         )
         blob = parity = None
         if me != lost[0]:
             blob = pack(self.own.step_path(step))
             parity = np.frombuffer((parity_path / "parity.bin").read_bytes(), dtype=np.uint8)
-        rebuilt = xor_rebuild(self.group, lost[0], blob, parity, lengths)
+        rebuilt = xor_rebuild(group, lost[0], blob, parity, lengths)
         if rebuilt is not None:
             self._place_own(step, rebuilt)
 

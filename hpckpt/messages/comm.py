@@ -223,8 +223,8 @@ class LoggedComm:
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         """Blocking send of a picklable object, logged."""
-        payload = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
-        payload = self._log_send(payload, dest, tag)
+        pickled = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        payload = self._log_send(pickled, dest, tag)
         if payload is not None:
             self._survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
 
@@ -238,7 +238,7 @@ class LoggedComm:
             return _Completed()
         source, tag, wildcard, expected = self._match(source, tag)
 
-        def post() -> MPI.Request:
+        def post() -> Any:  # an MPI.Request
             return self._comm.Irecv([target, self._mpi.BYTE], source, tag)
 
         return LoggedRequest(self, self._retried(post), lambda status: self._deliver(status, wildcard, expected), post)

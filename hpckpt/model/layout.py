@@ -86,18 +86,19 @@ def _check_same_tree(reference: RankPlan, plan: RankPlan, rank: int) -> None:
 
 def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
     first = per_rank[0]
-    agreed = (first.encoding, first.dtype, first.global_shape)
+    agreed: tuple[Any, ...] = (first.encoding, first.dtype, first.global_shape)
     if first.kind == "replicated":
         agreed += (first.shape, first.checksum)
     if any(_agreed_fields(leaf, len(agreed)) != agreed for leaf in per_rank):
         _raise_disagreement(per_rank)
     if first.kind == "replicated":
-        blocks = (Block(0, (0,) * len(first.shape), first.shape, first.checksum, _stored(first)),)
+        blocks: tuple[Block, ...] = (Block(0, (0,) * len(first.shape), first.shape, first.checksum, _stored(first)),)
         return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks, encoding=first.encoding)
     blocks = tuple(
         Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf)) for rank, leaf in enumerate(per_rank)
     )
     if first.kind == "distributed":
+        assert first.global_shape is not None  # every distributed leaf has one (see LeafPlan)
         check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
     return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
 

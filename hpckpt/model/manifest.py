@@ -63,6 +63,14 @@ class LeafRecord:
     encoding: str | None = None  # how to read the bytes: "pickle" (hpckpt.Pickled), "bfloat16" (uint16 bits)
 
     @property
+    def whole_shape(self) -> tuple[int, ...]:
+        """The shape of the whole array (a distributed or replicated leaf's global shape);
+        ValueError for a local leaf, which has none."""
+        if self.global_shape is None:
+            raise ValueError(f"leaf {self.path!r} is {self.kind}: it has no global shape")
+        return self.global_shape
+
+    @property
     def itemsize(self) -> int:
         """Bytes per element."""
         return _itemsize(self.dtype)
@@ -232,8 +240,8 @@ def safe_name(name: Any, what: str) -> str:
     return name
 
 
-def _file_checksums(raw: Any, files: Any) -> dict[str, str]:
-    checksums = {}
+def _file_checksums(raw: Any, files: Any) -> dict[str, str | None]:
+    checksums: dict[str, str | None] = {}
     for name, digest in dict(raw).items():
         if name not in files:
             raise ValueError(f"file checksum for {name!r}, which is not a file of the step")

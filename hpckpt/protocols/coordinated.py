@@ -38,11 +38,12 @@ from ..checksum import ALGORITHM, block_checksum, pieces_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
 from ..model.layout import LeafPlan, RankPlan, merge_plans
-from ..model.leaves import ARRAY_LEAF_TYPES, Pickled
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Pickled
 from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
+from ..storage.retention import RetentionPolicy, retain
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -91,15 +92,15 @@ def plan_local(
         if checksum is None or encoded.restored is not host:
             checksum = block_checksum(encoded.restored)
         arrays[slot.path] = encoded.stored
-        is_distributed = leaf.kind == "distributed"
+        distributed = leaf if isinstance(leaf, Distributed) else None
         leaves.append(
             LeafPlan(
                 path=slot.path,
                 kind=leaf.kind,
                 dtype=host.dtype.str,
                 shape=host.shape,
-                offset=leaf.offset if is_distributed else (),
-                global_shape=leaf.global_shape if is_distributed else None,
+                offset=distributed.offset if distributed else (),
+                global_shape=distributed.global_shape if distributed else None,
                 checksum=checksum,
                 encoding=leaf_encoding(leaf),
                 stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
@@ -172,9 +173,7 @@ def save_coordinated(
     step: int,
     state: Any,
     *,
-    keep: int,
-    keep_best: int = 0,
-    best: str = "min",
+    retention: Sequence[RetentionPolicy],
     metric: float | None = None,
     protocol: str = "coordinated",
     complete: bool = True,
@@ -184,10 +183,10 @@ def save_coordinated(
     """Save ``state`` as step ``step`` and commit it (see the module docstring).
 
     Collective over ``comm``: all ranks must call with the same ``step`` (and
-    ``metric``, which rank 0 records). Retention keeps the newest ``keep`` steps and the
-    ``keep_best`` with the best metric (``best`` is ``"min"`` or ``"max"``), and every
-    step their blocks are read from. ``incremental=k`` (k >= 2) stores only the blocks
-    that changed since the newest committed step, with a full step every k saves;
+    ``metric``, which rank 0 records). Retention keeps the steps a ``retention``
+    policy keeps, and every step their blocks are read from (storage/retention.py).
+    ``incremental=k`` (k >= 2) stores only the blocks that changed since the newest
+    committed step, with a full step every k saves;
     ``base`` compares with that committed step instead (a delta over it). The
     uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
     the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
@@ -273,12 +272,12 @@ def save_coordinated(
 
     timed("commit", commit)
 
-    def retain() -> list[int]:
+    def delete_old_steps() -> list[int]:
         point("save.retain")
         recycle = backend.writes_in_place
-        return run_dir.retain(keep, keep_best, best, recycle=recycle) if rank == 0 else []
+        return retain(run_dir, retention, recycle=recycle) if rank == 0 else []
 
-    deleted = timed("retain", retain, gather_phase)[0]
+    deleted = timed("retain", delete_old_steps, gather_phase)[0]
     local_bytes = sum(array.nbytes for array in staged.values())
     written = sum(data.array.nbytes for data in own_blocks)
     return SaveReport(step, local_bytes, seconds, tuple(deleted), written)

@@ -38,12 +38,13 @@ from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.boxes import Box, intersection, local_slices
-from ..model.leaves import ARRAY_LEAF_TYPES, Local
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
+from ..storage.integrity import damaged_files
 from ..storage.verified import read_verified
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class _Piece:
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
     """Committed steps, oldest first, as rank 0 sees them. Collective over ``comm``."""
-    return gather_phase(comm, "list steps", lambda: run_dir.committed_steps() if comm.rank == 0 else None)[0]
+    return gather_phase(comm, "list steps", lambda: run_dir.committed_steps() if comm.rank == 0 else [])[0]
 
 
 def restore_newest(
@@ -111,8 +112,9 @@ def restore_newest(
         source = str(run_dir.manifest_path(step))
         text = gather_phase(comm, f"restore step {step}: manifest", lambda: _read_text(run_dir, step, comm.rank))[0]
         try:
-            if not isinstance(text, str):
+            if isinstance(text, BaseException):
                 raise text
+            assert text is not None  # rank 0's answer: a text or an error
             manifest = Manifest.from_json(text, source)
         except CorruptCheckpointError as exc:
             problems.append(f"step {step}: {exc}")
@@ -129,7 +131,7 @@ def restore_newest(
             continue
         damaged = gather_phase(
             comm, f"restore step {step}: files",
-            lambda: run_dir.damaged_files(manifest) if comm.rank == 0 else [],
+            lambda: damaged_files(run_dir, manifest) if comm.rank == 0 else [],
         )[0]
         if damaged:
             problems.append(f"step {step}: {damaged[0]}")
@@ -150,8 +152,8 @@ def restore_newest(
             continue
         for piece in pieces:
             if piece.slices is not None:
-                into, source = piece.slices
-                piece.destination[into] = piece.request.array[source]
+                into, taken = piece.slices
+                piece.destination[into] = piece.request.array[taken]
             if piece.resized is not None:
                 piece.resized.array = _same_kind(piece.destination, piece.resized.array, piece.request.record.path)
                 piece.resized.shape = piece.destination.shape
@@ -239,7 +241,7 @@ def _differences(
         dtype = host_dtype(leaf.array, slot.path)
         if dtype != np.dtype(record.dtype):
             found.append(f"leaf {slot.path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")
-        if leaf.kind == "distributed":
+        if isinstance(leaf, Distributed):
             if leaf.global_shape != record.global_shape:
                 found.append(
                     f"leaf {slot.path!r} has global_shape {leaf.global_shape} "
@@ -320,7 +322,7 @@ def _plan_reads(
             destination = STAGER.pinned_buffer(slot.path, leaf.shape, np.dtype(record.dtype))
         else:
             destination = writable_target(leaf.array, slot.path)
-        if leaf.kind == "distributed":
+        if isinstance(leaf, Distributed):
             planned = _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
             pieces += [replace(piece, device=device) for piece in planned]
             continue
@@ -336,7 +338,7 @@ def _plan_reads(
 def _whole_block_piece(record: LeafRecord, block: Block, destination: np.ndarray) -> _Piece:
     if destination.flags.c_contiguous:
         return _Piece(BlockData(record, block, destination), destination, None)
-    everything = (Ellipsis,)
+    everything = (slice(None),) * len(block.shape)
     buffer = np.empty(block.shape, dtype=record.dtype)
     return _Piece(BlockData(record, block, buffer), destination, (everything, everything))
 

@@ -24,6 +24,7 @@ from ..messages.state import MessageState
 from ..storage.base import Backend
 from ..storage.commit import RunDirectory
 from ..storage.names import rank_name
+from ..storage.retention import KeepNewest
 from .coordinated import SaveReport, save_coordinated
 from .restore import restore_newest
 
@@ -57,9 +58,8 @@ class UncoordinatedRank:
         """Save and commit this rank's checkpoint ``step``. Not collective."""
         self.comm.check_quiet(step)
         tree = {"app": state, MESSAGES_KEY: self.comm.state.to_tree()}
-        report = save_coordinated(
-            self._self, self.run_dir, self.backend, step, tree, keep=self.keep, protocol="uncoordinated", complete=False
-        )
+        report = save_coordinated(self._self, self.run_dir, self.backend, step, tree, retention=(KeepNewest(self.keep),),
+                                  protocol="uncoordinated", complete=False)  # fmt: skip
         retained = self.run_dir.committed_steps()
         self.comm.committed(step, retained, self._determinants(step))
         self._remove_old_determinants(retained)

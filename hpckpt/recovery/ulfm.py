@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import UlfmUnavailableError
 
@@ -154,7 +154,7 @@ def repair(comm: MPI.Comm, command: list[str] | None = None, others: Sequence[MP
     argv = command or [sys.executable, *sys.orig_argv[1:]]
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
-    inter = shrunk.Spawn(argv[0], args=argv[1:], maxprocs=len(failed), root=0, info=info)
+    inter = cast("MPI.Intracomm", shrunk).Spawn(argv[0], args=argv[1:], maxprocs=len(failed), root=0, info=info)
     info.Free()
     inter.bcast(failed, root=MPI.ROOT if shrunk.rank == 0 else MPI.PROC_NULL)
     repaired = _merge_in_order(inter, high=False, key=comm.rank)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
 import shutil
 import stat
@@ -156,7 +155,9 @@ def replace_directory(temp: Path, final: Path, *, fault_points: str | None = Non
 
 
 class RunDirectory:
-    """The committed steps of one run, and the file operations that commit them.
+    """The committed steps of one run: their paths and listing, the preparation of a
+    new step and its atomic commit. (Retention is in :mod:`~hpckpt.storage.retention`,
+    the integrity checks of committed files in :mod:`~hpckpt.storage.integrity`.)
 
     Not collective: the protocol calls these methods on rank 0 only and shares the
     results.
@@ -254,7 +255,7 @@ class RunDirectory:
                 sizes[name] = durable_sizes[name]
             else:
                 raise RuntimeError(f"commit of step {step}: no writer made {temp / name} durable")
-        checksums = {name: file_checksum(temp / name) for name in manifest.file_checksums}
+        checksums: dict[str, str | None] = {name: file_checksum(temp / name) for name in manifest.file_checksums}
         manifest = replace(manifest, files=sizes, file_checksums=checksums)
         point("commit.manifest")
         manifest_file = temp / MANIFEST_NAME
@@ -270,53 +271,6 @@ class RunDirectory:
         replace_directory(temp, final, fault_points="commit")
         return final
 
-    def retain(self, keep: int, keep_best: int = 0, best: str = "min", *, recycle: bool = False) -> list[int]:
-        """Delete committed steps but the newest ``keep`` and the ``keep_best`` best, and leftovers.
-
-        "Best" is by the ``metric`` recorded in each manifest: lowest with ``best="min"``,
-        highest with ``"max"``; steps without a metric never count as best. Each step is
-        first renamed to ``*.deleting`` so a crash mid-delete never leaves a half-deleted
-        step that looks committed. Steps whose blocks a kept incremental step reads are
-        kept too. With ``recycle``, the data files of the newest deleted step are kept in
-        ``.recycle/`` for the next :meth:`prepare` to put into the new step, where a
-        backend that writes in place overwrites them: no blocks are freed and allocated
-        again (on an SSD file system mounted with ``discard`` that is most of a save's
-        time). Without it, ``.recycle/`` is removed. Returns the deleted steps.
-        """
-        steps = self.committed_steps()
-        kept = set(steps[-keep:]) if keep > 0 else set()
-        if keep_best > 0:
-            kept |= set(self._best_steps(steps, keep_best, best))
-        for step in list(kept):
-            kept |= self.references(step)
-        doomed = [step for step in steps if step not in kept]
-        recycle_dir = self.root / RECYCLE_NAME
-        if doomed or not recycle:
-            shutil.rmtree(recycle_dir, ignore_errors=True)
-        for step in doomed:
-            path = self.step_path(step)
-            deleting = self.root / step_name(step, ".deleting")
-            os.replace(path, deleting)
-            point("retain.deleting")
-            if recycle and step == doomed[-1]:
-                self._keep_files_of(deleting, recycle_dir)
-                point("retain.recycled")
-            shutil.rmtree(deleting)
-            self._references.pop(step, None)
-        for entry in os.scandir(self.root):
-            parsed = parse_step_entry(entry.name)
-            if parsed is not None and parsed[1]:
-                shutil.rmtree(entry.path, ignore_errors=True)
-        return doomed
-
-    @staticmethod
-    def _keep_files_of(step_dir: Path, recycle_dir: Path) -> None:
-        """Move the data files and directories of a deleted step into ``recycle_dir``."""
-        recycle_dir.mkdir(mode=DIRECTORY_MODE)
-        for entry in os.scandir(step_dir):
-            if not entry.is_symlink() and entry.name != MANIFEST_NAME:
-                os.replace(entry.path, recycle_dir / entry.name)
-
     def references(self, step: int) -> frozenset[int]:
         """The steps whose files committed step ``step`` reads blocks from (cached).
 
@@ -328,6 +282,10 @@ class RunDirectory:
             except CorruptCheckpointError:
                 return frozenset()
         return self._references[step]
+
+    def forget(self, step: int) -> None:
+        """Drop what is cached about ``step`` (deleted by retention)."""
+        self._references.pop(step, None)
 
     def readers_of(self, step: int) -> list[int]:
         """Committed steps that read blocks of step ``step``."""
@@ -341,51 +299,6 @@ class RunDirectory:
         except (OSError, UnicodeDecodeError) as exc:
             raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
         return Manifest.from_json(text, str(path))
-
-    def damaged_files(self, manifest: Manifest) -> list[str]:
-        """What is wrong with the step's files, and with those of the steps it reads blocks
-        of: missing, not of their committed size, or (metadata files) not of their
-        committed checksum. Reads only those metadata files (and the other manifests)."""
-        problems = self._damaged_own_files(manifest)
-        for other in sorted(referenced_steps(manifest)):
-            try:
-                problems += self._damaged_own_files(self.manifest(other))
-            except CorruptCheckpointError as exc:
-                problems.append(f"step {manifest.step} reads blocks of step {other}, which is unusable: {exc}")
-        return problems
-
-    def _damaged_own_files(self, manifest: Manifest) -> list[str]:
-        problems = []
-        for name, size in manifest.files.items():
-            path = self.step_path(manifest.step) / name
-            try:
-                status = os.stat(path)
-            except OSError as exc:
-                problems.append(f"{path} is missing ({exc.strerror})")
-                continue
-            if size is not None and status.st_size != size:
-                problems.append(f"{path} has {status.st_size} bytes, but {size} were committed")
-            elif name in manifest.file_checksums:
-                try:
-                    digest = file_checksum(path)
-                except OSError as exc:
-                    problems.append(f"{path} cannot be read ({exc.strerror})")
-                    continue
-                if digest != manifest.file_checksums[name]:
-                    problems.append(f"{path} does not match its committed checksum (metadata file changed)")
-        return problems
-
-    def _best_steps(self, steps: list[int], count: int, best: str) -> list[int]:
-        metrics = {}
-        for step in steps:
-            try:
-                metric = json.loads(self.read_manifest(step)).get("metric")
-            except (OSError, ValueError):
-                continue
-            if isinstance(metric, (int, float)) and not isinstance(metric, bool):
-                metrics[step] = float(metric)
-        ranked = sorted(metrics, key=lambda step: (metrics[step] if best == "min" else -metrics[step], -step))
-        return ranked[:count]
 
     def read_manifest(self, step: int) -> str:
         """The text of committed step ``step``'s manifest."""

@@ -176,7 +176,7 @@ class HDF5Backend(Backend):
                 _dataset_name(record, block): _new_dataset(group.id, local_block_name(block.rank), block.shape, dtype)
                 for block in _stored_blocks(record)
             }
-        dataset_id = _new_dataset(h5.id, record.path, record.global_shape, dtype)
+        dataset_id = _new_dataset(h5.id, record.path, record.whole_shape, dtype)
         self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
         return {record.location["dataset"]: dataset_id}
 
@@ -190,7 +190,7 @@ class HDF5Backend(Backend):
             for request in requests:
                 record, block = request.record, request.block
                 name = _dataset_name(record, block)
-                expected = block.shape if _per_rank(record, block) else record.global_shape
+                expected = block.shape if _per_rank(record, block) else record.whole_shape
                 dataset_id = _open(h5, name)
                 _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size)
                 _read_box(dataset_id, (0,) * len(expected) if _per_rank(record, block) else block.offset, request.array)
@@ -246,7 +246,7 @@ def _per_rank(record: LeafRecord, block: Block) -> bool:
 def _partial(record: LeafRecord) -> bool:
     """True for a distributed leaf whose blocks do not cover its global array."""
     covered = sum(block.size for block in record.blocks)
-    return record.kind == "distributed" and covered < math.prod(record.global_shape)
+    return record.kind == "distributed" and covered < math.prod(record.whole_shape)
 
 
 def _stored_blocks(record: LeafRecord) -> Sequence[Block]:
@@ -339,11 +339,11 @@ def _write_runs(descriptor: int, data: BlockData, dataset_offset: int | None) ->
     if dataset_offset is None:
         raise OSError(f"dataset {_dataset_name(record, block)} has no contiguous storage to write into")
     itemsize = np.dtype(record.dtype).itemsize
-    raw = memoryview(data.array.reshape(-1).view(np.uint8))
+    raw = data.array.reshape(-1).view(np.uint8).data
     if _per_rank(record, block):
         _pwrite_all(descriptor, raw, dataset_offset)
         return
-    starts, run = file_runs(record.global_shape, block.offset, block.shape)
+    starts, run = file_runs(record.whole_shape, block.offset, block.shape)
     run_bytes = run * itemsize
     for index, start in enumerate(starts.tolist()):
         _pwrite_all(descriptor, raw[index * run_bytes : (index + 1) * run_bytes], dataset_offset + start * itemsize)

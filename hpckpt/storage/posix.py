@@ -232,7 +232,7 @@ def _contiguous_runs(contents: Sequence[BlockData]) -> Iterator[tuple[int, list[
     run: list[memoryview] = []
     start = end = 0
     for data in sorted(contents, key=lambda data: data.block.location["offset"]):
-        view = memoryview(data.array.reshape(-1).view(np.uint8))
+        view = data.array.reshape(-1).view(np.uint8).data
         offset = data.block.location["offset"]
         if run and (offset != end or len(run) == _MAX_VIEWS or end - start + len(view) > _MAX_IO):
             yield start, run
@@ -261,7 +261,7 @@ def _write_all(descriptor: int, views: list[memoryview], offset: int) -> None:
 def _read_all(descriptor: int, array: np.ndarray, offset: int, path: Path) -> None:
     if not array.flags.c_contiguous:
         raise ValueError("posix backend reads only into C-contiguous arrays")
-    view = memoryview(array.reshape(-1).view(np.uint8))
+    view = array.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
         count = os.preadv(descriptor, [view[done : done + _MAX_IO]], offset + done)

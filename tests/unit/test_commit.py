@@ -6,17 +6,19 @@ from dataclasses import replace
 import pytest
 
 from hpckpt.storage.commit import MANIFEST_NAME, RunDirectory, merge_sizes, sync_files
+from hpckpt.storage.retention import KeepBest, KeepNewest, retain
 from tests.unit.test_manifest import make_manifest
 
 
-def commit(run_dir: RunDirectory, step: int) -> None:
-    run_dir.commit(replace(make_manifest(), step=step), sync_files(run_dir.temp_path(step), ["data.h5"]))
+def commit(run_dir: RunDirectory, step: int, metric: float | None = None) -> None:
+    manifest = replace(make_manifest(), step=step, metric=metric)
+    run_dir.commit(manifest, sync_files(run_dir.temp_path(step), ["data.h5"]))
 
 
-def commit_step(run_dir: RunDirectory, step: int) -> None:
+def commit_step(run_dir: RunDirectory, step: int, metric: float | None = None) -> None:
     temp = run_dir.prepare(step)
     (temp / "data.h5").write_bytes(b"data %d" % step)
-    commit(run_dir, step)
+    commit(run_dir, step, metric)
 
 
 def test_commit_writes_manifest_last_and_renames(tmp_path):
@@ -42,8 +44,19 @@ def test_retain_keeps_newest_and_clears_leftovers(tmp_path):
     for step in (1, 2, 3, 4):
         commit_step(run_dir, step)
     run_dir.prepare(9)
-    assert run_dir.retain(2) == [1, 2]
+    assert retain(run_dir, (KeepNewest(2),)) == [1, 2]
     assert sorted(os.listdir(tmp_path)) == ["step-00000003", "step-00000004"]
+
+
+@pytest.mark.parametrize(("best", "kept"), [("min", [2, 4, 6]), ("max", [3, 5, 6])])
+def test_retention_policies_keep_the_union_of_what_each_keeps(tmp_path, best, kept):
+    run_dir = RunDirectory(tmp_path)
+    for step, metric in ((1, 0.5), (2, 0.1), (3, 0.9), (4, 0.2), (5, 0.8), (6, None)):
+        commit_step(run_dir, step, metric)
+    policies = (KeepNewest(1), KeepBest(2, best))
+    assert KeepBest(2, best).keeps(run_dir, run_dir.committed_steps()) == set(kept) - {6}  # no metric: never best
+    assert retain(run_dir, policies) == [step for step in range(1, 7) if step not in kept]
+    assert run_dir.committed_steps() == kept
 
 
 def test_saving_a_committed_step_again_replaces_it(tmp_path):
@@ -78,12 +91,12 @@ def test_recycling_moves_the_deleted_steps_files_into_the_next_step(tmp_path):
     commit_step(run_dir, 2)
     inode = os.stat(run_dir.step_path(1) / "data.h5").st_ino
     (run_dir.step_path(1) / "extra.bin").write_bytes(b"x" * 10)
-    assert run_dir.retain(1, recycle=True) == [1]
+    assert retain(run_dir, (KeepNewest(1),), recycle=True) == [1]
     assert sorted(os.listdir(tmp_path / ".recycle")) == ["data.h5", "extra.bin"]
     temp = run_dir.prepare(3)
     assert os.stat(temp / "data.h5").st_ino == inode and not os.listdir(tmp_path / ".recycle")
     commit(run_dir, 3)  # lists data.h5 only: extra.bin is removed
     assert sorted(os.listdir(run_dir.step_path(3))) == ["data.h5", MANIFEST_NAME]
-    assert run_dir.retain(1, recycle=True) == [2] and os.listdir(tmp_path / ".recycle") == ["data.h5"]
-    assert run_dir.retain(1) == [] and not (tmp_path / ".recycle").exists()  # without recycling: removed
+    assert retain(run_dir, (KeepNewest(1),), recycle=True) == [2] and os.listdir(tmp_path / ".recycle") == ["data.h5"]
+    assert retain(run_dir, (KeepNewest(1),)) == [] and not (tmp_path / ".recycle").exists()  # without recycling: removed
 
