@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .._comm import run_phase
 from ..messages.comm import LoggedComm
 from ..protocols.uncoordinated import UncoordinatedRank
+from ..recovery import ulfm
 from .base import Engine
 
 if TYPE_CHECKING:
@@ -79,11 +80,15 @@ class UncoordinatedEngine(Engine):
 
     def repair_failures_with(self, repair: Callable[[], None]) -> None:
         """Under in-job recovery: a logged operation that meets a process failure calls
-        ``repair`` (the facade's), then this rank goes on where it was."""
+        ``repair`` (the facade's), then this rank goes on where it was; other MPI errors
+        reach the application."""
 
-        def go_on() -> None:
+        def go_on(error: BaseException) -> bool:
+            if not ulfm.is_process_failure(error):
+                return False
             repair()
             self.continue_after_repair()
+            return True
 
         self._rank.comm.on_failure = go_on
 

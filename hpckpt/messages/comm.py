@@ -11,27 +11,30 @@ what each peer's checkpoint already holds: a sender then replays from its log wh
 its receivers still need, drops (suppresses) what they already have when it
 re-executes, and serves the results of collectives that ranks behind it must redo.
 See docs/protocols.md for the rules and the assumptions.
+
+The concerns are split: this module is the mpi4py-like surface and the logging itself
+(numbering, payload copies, determinants, collective results); :mod:`.links` holds the
+communicators and the retries after an in-job repair, :mod:`.notices` the commit
+notices that trim the logs, :mod:`.replay` the message recovery.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InvalidStateError
 from .determinants import DeterminantFile
+from .links import Links
+from .notices import CommitNotices
+from .replay import Replay
 from .state import Channel, MessageLogError, MessageState
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-TAG_NOTICE = 1  # on the control communicator: "I committed; trim against these counts"
-TAG_RESULT = 2  # on the control communicator: a logged collective result, in index order
-T = TypeVar("T")
-
 
 def _payload(buf: Any, what: str) -> np.ndarray:
     array = np.asarray(buf)
@@ -79,7 +82,7 @@ class LoggedRequest:
             self._done = True
             self._owner._open -= 1
             return True
-        self._request = self._owner._retried(self._repost)
+        self._request = self._owner._links.retried(self._repost)
         self._epoch = self._owner.epoch
         return False
 
@@ -100,7 +103,7 @@ class LoggedRequest:
             # start a second repair that the other survivors do not join.
             if self._epoch != self._owner.epoch and self._renew():
                 return
-            if self._owner._survived(lambda: self._request.Wait(local)):
+            if self._owner._links.survived(lambda: self._request.Wait(local)):
                 break
         self._complete(local)
         if status is not None:
@@ -116,7 +119,7 @@ class LoggedRequest:
         done: list[bool] = []
         if self._epoch != self._owner.epoch and self._renew():
             return True
-        if not self._owner._survived(lambda: done.append(self._request.Test(local))):
+        if not self._owner._links.survived(lambda: done.append(self._request.Test(local))):
             return self._renew()
         if not done[0]:
             return False
@@ -150,29 +153,47 @@ class LoggedComm:
         from mpi4py import MPI
 
         self._mpi = MPI
-        self._comm = comm.Dup()
-        self._ctl = comm.Dup()
-        self.rank, self.size = self._comm.rank, self._comm.size
+        self._links = Links(comm)
+        self.rank, self.size = comm.rank, comm.size
+        self._notices = CommitNotices(self._links, self.rank, self.size)
+        self._replay = Replay(self._links, self.rank)
         self.state = MessageState()
         self.determinants = determinants
-        self.suppressed = 0
-        self.replayed = 0
         self.log_peak_bytes = 0  # the largest log seen at a commit
-        self._suppress: dict[Channel, int] = {}
-        self._posted: dict[Channel, int] = {}
-        self._providers: dict[int, int] = {}
-        self._replay_until = 0
-        self._forced: dict[int, tuple[int, int, int]] = {}
+        self._posted: dict[Channel, int] = {}  # channel -> receives posted on it (the next one's seq - 1)
+        self._forced: dict[int, tuple[int, int, int]] = {}  # wildcard index -> recorded (source, tag, seq)
         self._wildcards = 0
         self._open = 0
-        self._pending: list[tuple[MPI.Request, np.ndarray]] = []
-        self._peer_done: dict[int, int] = {}
-        self._notices_sent = np.zeros(self.size, dtype=np.int64)
-        self._notices_received = np.zeros(self.size, dtype=np.int64)
-        # Set by the Checkpointer with recovery="ulfm": called when an operation meets a
-        # process failure; it repairs the job and calls reconnect() and recover(survivor=True).
-        self.on_failure: Callable[[], None] | None = None
-        self.epoch = 0  # how many times it was reconnected (requests of older epochs are stale)
+
+    @property
+    def _comm(self) -> MPI.Comm:
+        return self._links.data
+
+    @property
+    def on_failure(self) -> Callable[[BaseException], bool] | None:
+        """Set with recovery="ulfm": called with the MPI error an operation met; for a
+        process failure it repairs the job (calling :meth:`reconnect` and
+        ``recover(survivor=True)``) and returns True. See :class:`~.links.Links`."""
+        return self._links.on_failure
+
+    @on_failure.setter
+    def on_failure(self, handler: Callable[[BaseException], bool] | None) -> None:
+        self._links.on_failure = handler
+
+    @property
+    def epoch(self) -> int:
+        """How many times it was reconnected (requests of older epochs are stale)."""
+        return self._links.epoch
+
+    @property
+    def suppressed(self) -> int:
+        """Sends left out by recoveries because their receiver already had them."""
+        return self._replay.suppressed
+
+    @property
+    def replayed(self) -> int:
+        """Logged messages sent again by recoveries."""
+        return self._replay.replayed
 
     # -- mpi4py look-alikes -------------------------------------------------
 
@@ -211,13 +232,14 @@ class LoggedComm:
         """Blocking send of a buffer, logged."""
         payload = self._log_send(_payload(buf, f"Send to rank {dest}"), dest, tag)
         if payload is not None:
-            self._survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
+            self._links.survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> LoggedRequest | _Completed:  # noqa: N802
         """Nonblocking send of a buffer, logged (the logged copy is sent: reuse ``buf`` at once)."""
         payload = self._log_send(_payload(buf, f"Isend to rank {dest}"), dest, tag)
         requests: list[MPI.Request] = []
-        if payload is None or not self._survived(lambda: requests.append(self._comm.Isend([payload, self._mpi.BYTE], dest, tag))):
+        post = lambda: requests.append(self._comm.Isend([payload, self._mpi.BYTE], dest, tag))
+        if payload is None or not self._links.survived(post):
             return _Completed()
         return LoggedRequest(self, requests[0], lambda status: None)
 
@@ -226,7 +248,7 @@ class LoggedComm:
         pickled = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
         payload = self._log_send(pickled, dest, tag)
         if payload is not None:
-            self._survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
+            self._links.survived(lambda: self._comm.Send([payload, self._mpi.BYTE], dest, tag))
 
     def Irecv(self, buf: Any, source: int | None = None, tag: int | None = None) -> LoggedRequest | _Completed:  # noqa: N802
         """Nonblocking receive into a buffer; checked and counted when it completes."""
@@ -241,7 +263,7 @@ class LoggedComm:
         def post() -> Any:  # an MPI.Request
             return self._comm.Irecv([target, self._mpi.BYTE], source, tag)
 
-        return LoggedRequest(self, self._retried(post), lambda status: self._deliver(status, wildcard, expected), post)
+        return LoggedRequest(self, self._links.retried(post), lambda status: self._deliver(status, wildcard, expected), post)
 
     def Recv(self, buf: Any, source: int | None = None, tag: int | None = None, status: MPI.Status | None = None) -> None:  # noqa: N802
         """Blocking receive into a buffer."""
@@ -261,7 +283,7 @@ class LoggedComm:
             message.Recv([payload, MPI.BYTE], local)
             return payload
 
-        payload = self._retried(receive)
+        payload = self._links.retried(receive)
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -285,17 +307,17 @@ class LoggedComm:
         if source == MPI.PROC_NULL:
             payload = self._log_send(_payload(sendbuf, f"Sendrecv to rank {dest}"), dest, sendtag)
             if payload is not None:
-                self._survived(lambda: self._comm.Send([payload, MPI.BYTE], dest, sendtag))
+                self._links.survived(lambda: self._comm.Send([payload, MPI.BYTE], dest, sendtag))
             return
         source, recvtag, wildcard, expected = self._match(source, recvtag)
         # Logged last, right before it goes out: a repair in between (_match polls) would
         # replay it, and the send below would then deliver it twice.
         payload = self._log_send(_payload(sendbuf, f"Sendrecv to rank {dest}"), dest, sendtag)
         local = MPI.Status()
-        if payload is None or not self._survived(
+        if payload is None or not self._links.survived(
             lambda: self._comm.Sendrecv([payload, MPI.BYTE], dest, sendtag, [target, MPI.BYTE], source, recvtag, local)
         ):  # after a repair the send is replayed by the recovery, the receive is posted again
-            self._retried(lambda: self._comm.Recv([target, MPI.BYTE], source, recvtag, local))
+            self._links.retried(lambda: self._comm.Recv([target, MPI.BYTE], source, recvtag, local))
         self._deliver(local, wildcard, expected)
         if status is not None:
             status.source, status.tag = local.source, local.tag
@@ -343,10 +365,7 @@ class LoggedComm:
         seq = self.state.sent.get(channel, 0) + 1
         self.state.sent[channel] = seq
         logged = self.state.keep(channel, seq, payload)
-        if seq <= self._suppress.get(channel, 0):
-            self.suppressed += 1
-            return None
-        return logged
+        return None if self._replay.suppresses(channel, seq) else logged
 
     def _match(self, source: int, tag: int) -> tuple[int, int, int | None, int | None]:
         """Source and tag to receive with, the wildcard index, and the expected seq if known."""
@@ -388,8 +407,8 @@ class LoggedComm:
         """Run (or, when re-executing, replay) logged collective number ``collectives_done``."""
         self._poll()
         index = self.state.collectives_done
-        if index < self._replay_until:
-            logged = self._fetch_result(self._providers[index], index)
+        if self._replay.serves(index):
+            logged = self._replay.fetch_result(index)
             if result is not None:
                 if logged.nbytes != result.nbytes:
                     raise MessageLogError(
@@ -398,62 +417,21 @@ class LoggedComm:
                     )
                 result[:] = logged
         else:
-            if not self._survived(run):  # some ranks may have finished it: ask again after the repair
+            if not self._links.survived(run):  # some ranks may have finished it: ask again after the repair
                 self._collective(run, result)
                 return
             logged = result.copy() if result is not None else np.empty(0, dtype=np.uint8)
         self.state.results[index] = logged
         self.state.collectives_done = index + 1
 
-    def _fetch_result(self, provider: int, index: int) -> np.ndarray:
-        MPI = self._mpi
-        status = MPI.Status()
-        fetched: list[np.ndarray] = []
-
-        def fetch() -> None:
-            self._ctl.Probe(provider, TAG_RESULT, status)
-            logged = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-            self._ctl.Recv(logged, provider, TAG_RESULT)
-            fetched.append(logged)
-
-        if not self._survived(fetch):  # the repair served the results again, maybe by another rank
-            return self._fetch_result(self._providers[index], index)
-        return fetched[0]
-
     def _poll(self) -> None:
         """Apply the commit notices that have arrived; finish completed background sends."""
-        MPI = self._mpi
-        status = MPI.Status()
 
         def poll() -> None:
-            while self._ctl.Iprobe(MPI.ANY_SOURCE, TAG_NOTICE, status):
-                self._receive_notice(status.Get_source(), status.Get_count(MPI.BYTE) // 8)
-            self._pending = [(request, data) for request, data in self._pending if not request.Test()]
+            self._notices.poll(self.state)
+            self._links.finish_completed()
 
-        self._survived(poll)
-
-    def _survived(self, action: Callable[[], object]) -> bool:
-        """Run ``action``; True if it finished. False when it met a process failure that
-        ``on_failure`` then repaired (the caller decides what to do again); other errors,
-        and failures without ``on_failure``, are raised."""
-        try:
-            action()
-            return True
-        except self._mpi.Exception as exc:
-            from ..recovery.ulfm import is_process_failure
-
-            if self.on_failure is None or not is_process_failure(exc):
-                raise
-        self.on_failure()
-        return False
-
-    def _retried(self, receive: Callable[[], T]) -> T:
-        """``receive()``'s result; done again on the repaired communicator after each
-        failure that interrupts it (a receive, unlike a logged send, is never replayed)."""
-        results: list[T] = []
-        while not self._survived(lambda: results.append(receive())):
-            pass
-        return results[0]
+        self._links.survived(poll)
 
     def reconnect(self, comm: MPI.Comm) -> None:
         """Go on over ``comm`` (a repaired communicator of the same ranks). Collective.
@@ -462,24 +440,8 @@ class LoggedComm:
         flight on the old communicators are dropped: the recovery that follows replays
         whatever a receiver lacks.
         """
-        self._comm, self._ctl = comm.Dup(), comm.Dup()
-        self.epoch += 1
-        self._pending = []
-        self._notices_sent = np.zeros(self.size, dtype=np.int64)
-        self._notices_received = np.zeros(self.size, dtype=np.int64)
-
-    def _receive_notice(self, peer: int, length: int) -> None:
-        notice = np.empty(length, dtype=np.int64)
-        self._ctl.Recv(notice, peer, TAG_NOTICE)
-        self._notices_received[peer] += 1
-        self._peer_done[peer] = int(notice[0])
-        for tag, delivered in notice[1:].reshape(-1, 2):
-            self.state.trim_channel((peer, int(tag)), int(delivered))
-        self._trim_results()
-
-    def _trim_results(self) -> None:
-        if len(self._peer_done) == self.size:
-            self.state.trim_results(min(self._peer_done.values()))
+        self._links.reconnect(comm)
+        self._notices.reconnected()
 
     def committed(self, step: int, retained: Sequence[int], determinants: DeterminantFile) -> None:
         """After this rank committed ``step``: new epoch, and notices to every peer.
@@ -493,15 +455,7 @@ class LoggedComm:
         self.determinants = determinants
         self._forced, self._wildcards = {}, 0
         _, oldest_delivered, oldest_done = self.state.history[0]
-        self._peer_done[self.rank] = oldest_done
-        self._trim_results()
-        for peer in range(self.size):
-            if peer == self.rank:
-                continue
-            rows = [(tag, n) for (source, tag), n in sorted(oldest_delivered.items()) if source == peer]
-            notice = np.array([oldest_done, *[x for row in rows for x in row]], dtype=np.int64)
-            if self._survived(lambda: self._pending.append((self._ctl.Isend(notice, peer, TAG_NOTICE), notice))):
-                self._notices_sent[peer] += 1
+        self._notices.announce(self.state, oldest_delivered, oldest_done)
 
     def check_quiet(self, step: int) -> None:
         """Refuse a checkpoint while nonblocking requests are open (their messages would be lost)."""
@@ -522,74 +476,21 @@ class LoggedComm:
         if not survivor:
             self.state, self._forced, self._wildcards = state, forced, 0
             self._posted = dict(state.delivered)
-        self._suppress = {}
-        rows = np.array([[s, t, n] for (s, t), n in sorted(state.delivered.items())], dtype=np.int64).reshape(-1)
-        counts = np.array(self._ctl.allgather(rows.size), dtype=np.int64)
-        everyone = np.empty(int(counts.sum()), dtype=np.int64)
-        self._ctl.Allgatherv(rows, [everyone, counts])
-        dones = np.array(self._ctl.allgather(state.collectives_done), dtype=np.int64)
-        at = 0
-        for peer, count in enumerate(counts):
-            for source, tag, delivered in everyone[at : at + count].reshape(-1, 3):
-                if source == self.rank:
-                    self._suppress[(peer, int(tag))] = int(delivered)
-            at += count
-        self._replay_messages()
-        self._serve_collectives(dones)
-
-    def _replay_messages(self) -> None:
-        """Send again, in order, the logged messages each receiver's checkpoint lacks."""
-        for channel, sent in sorted(self.state.sent.items()):
-            dest, tag = channel
-            already = self._suppress.get(channel, 0)
-            entries = self.state.log.get(channel, {})
-            for seq in range(already + 1, sent + 1):
-                if seq not in entries:
-                    raise MessageLogError(
-                        f"rank {self.rank}: message {seq} to rank {dest} (tag {tag}) is needed for replay "
-                        "but is no longer in the log"
-                    )
-                self._pending.append((self._comm.Isend([entries[seq], self._mpi.BYTE], dest, tag), entries[seq]))
-                self.replayed += 1
-
-    def _serve_collectives(self, dones: np.ndarray) -> None:
-        """Send the logged results of collectives that ranks behind must redo."""
-        self._replay_until = int(dones.max())
-        for index in range(int(dones.min()), self._replay_until):
-            provider = int(np.flatnonzero(dones > index)[0])
-            if index >= dones[self.rank]:
-                self._providers[index] = provider
-            if provider != self.rank:
-                continue
-            if index not in self.state.results:
-                raise MessageLogError(f"rank {self.rank}: the result of collective {index} is needed but not logged")
-            for behind in np.flatnonzero(dones <= index):
-                result = self.state.results[index]
-                self._pending.append((self._ctl.Isend(result, int(behind), TAG_RESULT), result))
+        self._replay.agree(state)
 
     def drain(self) -> None:
         """Receive every notice still in flight and finish every background send.
 
         Collective: every rank calls it when it is done with the communicator.
         """
-        MPI = self._mpi
-        expected = np.empty(self.size, dtype=np.int64)
-        self._ctl.Alltoall(self._notices_sent, expected)
-        status = MPI.Status()
-        for peer in range(self.size):
-            while self._notices_received[peer] < expected[peer]:
-                self._ctl.Probe(peer, TAG_NOTICE, status)
-                self._receive_notice(peer, status.Get_count(MPI.BYTE) // 8)
-        for request, _ in self._pending:
-            request.Wait()
-        self._pending = []
+        self._notices.drain(self.state)
+        self._links.finish_all()
         self.determinants.close()
 
     def communicators(self) -> list[MPI.Comm]:
         """The duplicated communicators it sends on (application messages, control)."""
-        return [self._comm, self._ctl]
+        return self._links.communicators()
 
     def free(self) -> None:
         """Release the duplicated communicators. Collective."""
-        self._comm.Free()
-        self._ctl.Free()
+        self._links.free()
