@@ -24,7 +24,7 @@ from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import RunDirectory
 from .storage.integrity import damaged_files
-from .storage.names import MANIFEST_NAME, parse_step_entry
+from .storage.names import MANIFEST_NAME, step_entries
 from .storage.verified import read_verified
 
 Progress = Callable[[int], None]
@@ -82,11 +82,9 @@ class CheckpointReader:
     def entries(self) -> list[StepEntry]:
         """Every step directory (committed, corrupt or incomplete), oldest step first."""
         found = []
-        for entry in sorted(os.scandir(self.run_dir.root), key=lambda e: e.name):
-            parsed = parse_step_entry(entry.name)
-            if parsed is None or not entry.is_dir():
+        for step, suffix, path in step_entries(self.run_dir.root):
+            if not path.is_dir():
                 continue
-            (step, suffix), path = parsed, Path(entry.path)
             size = _tree_bytes(path)
             if suffix or not (path / MANIFEST_NAME).exists():
                 found.append(StepEntry(step, "incomplete", path, size, None, None))

@@ -17,11 +17,10 @@ from typing import Any
 
 from .errors import HpckptError
 from .relaunch import run_with_relaunch
+from .storage import backend_names
 from .storage.integrity import damaged_files
 from .storage.names import TRANSIENT_SUFFIXES
 from .storage.retention import KeepNewest, retain
-
-BACKEND_CHOICES = ("hdf5", "adios2", "posix")
 
 
 def _non_negative_int(text: str) -> int:
@@ -91,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "result verifies and restores like the original.")
     convert.add_argument("source", metavar="SRC")
     convert.add_argument("destination", metavar="DST")
-    convert.add_argument("--to", choices=BACKEND_CHOICES, required=True, help="the backend to write")
+    convert.add_argument("--to", choices=backend_names(), required=True, help="the backend to write")
     convert.add_argument("--step", type=_non_negative_int, help="convert only this step (default: every committed one)")
     convert.set_defaults(handler=_convert)
 

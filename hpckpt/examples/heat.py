@@ -23,6 +23,7 @@ import numpy as np
 
 from .._comm import abort_on_exception
 from ..slurm import STOPPED_EXIT_CODE, JobControl
+from ..storage import backend_class, backend_names
 from ..testing.faults import crash, first_attempt
 from .options import add_level_options, level_options
 
@@ -35,7 +36,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--every", type=int, default=50, help="checkpoint every E iterations; 0: never (default 50)")
     parser.add_argument("--dir", default="heat-ckpt", help="checkpoint run directory (default ./heat-ckpt)")
     parser.add_argument("--keep", type=int, default=3, help="committed checkpoints to keep (default 3)")
-    parser.add_argument("--backend", choices=("hdf5", "adios2", "posix"), default="hdf5")
+    parser.add_argument("--backend", choices=backend_names(), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     parser.add_argument("--out", help="rank 0 writes the final global field here (.npy)")
     parser.add_argument(
@@ -65,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("need --n >= 3, --iters >= 0, --every >= 0 and --pace >= 0")
     if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
         parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
-    if args.recovery == "ulfm" and (args.backend != "posix" or args.background):
+    if args.recovery == "ulfm" and (not backend_class(args.backend).repairable_in_job or args.background):
         parser.error("--recovery ulfm works with --backend posix, without --async")
     return args
 

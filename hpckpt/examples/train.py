@@ -30,6 +30,7 @@ import numpy as np
 
 from .._comm import abort_on_exception
 from ..slurm import STOPPED_EXIT_CODE, JobControl
+from ..storage import backend_names
 from ..testing.faults import crash, first_attempt
 from .options import add_level_options, level_options
 
@@ -44,7 +45,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--every", type=int, default=20, help="checkpoint every E steps; 0: never (default 20)")
     parser.add_argument("--dir", default="train-ckpt", help="checkpoint run directory (default ./train-ckpt)")
     parser.add_argument("--keep", type=int, default=3)
-    parser.add_argument("--backend", choices=("hdf5", "adios2", "posix"), default="hdf5")
+    parser.add_argument("--backend", choices=backend_names(), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     add_level_options(parser)
     parser.add_argument("--shard", action="store_true", help="parameters and optimizer state as Distributed slices")

@@ -30,7 +30,7 @@ from .._comm import gather_phase, run_phase
 from ..protocols.coordinated import SaveReport, save_coordinated
 from ..protocols.restore import restore_newest
 from ..storage.commit import RunDirectory, replace_directory
-from ..storage.names import parse_step_entry, rank_name, step_name
+from ..storage.names import rank_name, step_entries, step_name
 from ..storage.posix import PosixBackend
 from ..storage.retention import KeepNewest, retain
 from .redundancy import exchange_partner, pack, unpack, xor_parity, xor_rebuild
@@ -162,10 +162,7 @@ class NodeLocalStore:
             shutil.rmtree(self.parity_dir / step_name(old), ignore_errors=True)
 
     def _parity_steps(self) -> list[int]:
-        if not self.parity_dir.is_dir():
-            return []
-        parsed = (parse_step_entry(path.name) for path in self.parity_dir.iterdir())
-        return sorted(entry[0] for entry in parsed if entry is not None and not entry[1])
+        return [entry.step for entry in step_entries(self.parity_dir) if not entry.suffix]
 
     def restorable_step(self) -> int | None:
         """The newest step every rank can get (own, partner or XOR). Collective."""
@@ -192,12 +189,9 @@ class NodeLocalStore:
     def discard_after(self, step: int | None) -> None:
         """Forget local steps newer than ``step`` (the one restored): they were never agreed. Not collective."""
         for steps_dir in (self.own.root, self.partner_dir.root, self.parity_dir):
-            if not steps_dir.is_dir():
-                continue
-            for path in steps_dir.iterdir():
-                parsed = parse_step_entry(path.name)
-                if parsed is not None and (step is None or parsed[0] > step):
-                    shutil.rmtree(path, ignore_errors=True)
+            for entry in step_entries(steps_dir):
+                if step is None or entry.step > step:
+                    shutil.rmtree(entry.path, ignore_errors=True)
 
     def restore(self, step: int, state: Any) -> None:
         """Bring ``step`` back on every rank (rebuilding lost copies), then read it. Collective."""

@@ -22,10 +22,8 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`):
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +35,10 @@ from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
-from ..model.boxes import Box, intersection, local_slices
+from ..model.boxes import Box
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
+from ..model.reads import LocalSource, local_source, overlaps
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 
-LocalSource = Callable[[int], int]
 
 
 @dataclass(frozen=True)
@@ -194,23 +192,11 @@ def _warn_fallback(step: int, findings: list[str], steps: list[int], what: str =
     warnings.warn(f"checkpoint step {step} {what} ({shown}); {then}", CheckpointFallbackWarning, stacklevel=4)
 
 
-def _local_source(manifest: Manifest, size: int, rank: int, local_from: LocalSource | None) -> int | None:
-    """The writer rank whose Local blocks ``rank`` restores, or None if there is none."""
-    if local_from is None:
-        return rank if manifest.world_size == size else None
-    source = local_from(rank)
-    if isinstance(source, bool) or not isinstance(source, (int, np.integer)) or not 0 <= source < manifest.world_size:
-        raise ValueError(
-            f"local_from({rank}) returned {source!r}; expected a writer rank in [0, {manifest.world_size})"
-        )
-    return int(source)
-
-
 def _differences(
     manifest: Manifest, slots: list[Slot], size: int, rank: int, local_from: LocalSource | None
 ) -> list[str]:
     """What differs between this rank's tree and ``manifest`` (empty when they match)."""
-    source = _local_source(manifest, size, rank, local_from)
+    source = local_source(manifest, size, rank, local_from)
     stored = {record.path: record for record in manifest.leaves}
     found: list[str] = []
     for slot in slots:
@@ -310,7 +296,7 @@ def _plan_reads(
 ) -> list[_Piece]:
     """The stored blocks this rank reads, from the manifest alone."""
     stored = {record.path: record for record in manifest.leaves}
-    source = _local_source(manifest, size, rank, local_from)
+    source = local_source(manifest, size, rank, local_from)
     pieces: list[_Piece] = []
     for slot in slots:
         leaf = slot.value
@@ -345,25 +331,19 @@ def _whole_block_piece(record: LeafRecord, block: Block, destination: np.ndarray
 
 def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -> list[_Piece]:
     """A piece per stored block that shares elements with ``box`` (this rank's box)."""
-    if math.prod(box[1]) == 0:
-        return []
     pieces = []
-    for block in record.blocks:
-        stored_box = (block.offset, block.shape)
-        if stored_box == box:
+    for overlap in overlaps(record, box):
+        block = overlap.block
+        if overlap.exact:
             pieces.append(_whole_block_piece(record, block, destination))
             continue
-        common = intersection(stored_box, box)
-        if common is None:
-            continue
-        if common == stored_box:  # the whole block lands in this rank's box
-            view = destination[local_slices(common, box)]
+        if overlap.inside:  # the whole block lands in this rank's box
+            view = destination[overlap.into]
             if view.flags.c_contiguous:  # e.g. a block of whole rows: read straight into place
                 pieces.append(_Piece(BlockData(record, block, view), destination, None))
                 continue
         buffer = np.empty(block.shape, dtype=record.dtype)
-        slices = (local_slices(common, box), local_slices(common, stored_box))
-        pieces.append(_Piece(BlockData(record, block, buffer), destination, slices))
+        pieces.append(_Piece(BlockData(record, block, buffer), destination, (overlap.into, overlap.taken)))
     return pieces
 
 

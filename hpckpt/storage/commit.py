@@ -36,7 +36,7 @@ from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
 from ..model.delta import referenced_steps
 from ..model.manifest import Manifest
 from .lustre import Striping, set_stripe
-from .names import MANIFEST_NAME, parse_step_entry, step_name
+from .names import MANIFEST_NAME, committed_steps, step_name
 
 RECYCLE_NAME = ".recycle"
 
@@ -183,14 +183,7 @@ class RunDirectory:
 
     def committed_steps(self) -> list[int]:
         """Steps whose directory is in place with a manifest, oldest first."""
-        if not self.root.is_dir():
-            return []
-        steps = []
-        for entry in os.scandir(self.root):
-            parsed = parse_step_entry(entry.name)
-            if parsed is not None and not parsed[1] and os.path.exists(os.path.join(entry.path, MANIFEST_NAME)):
-                steps.append(parsed[0])
-        return sorted(steps)
+        return committed_steps(self.root)
 
     def prepare(self, step: int, needed_bytes: int = 0) -> Path:
         """Create an empty temporary directory for ``step`` (removing a stale one).

@@ -1,4 +1,4 @@
-"""The names of the entries of a run directory (docs/format.md), in one place. Pure.
+"""The entries of a run directory (docs/format.md): their names and their listing, in one place.
 
     step-00000010/            committed (with its manifest.json)
     step-00000020.tmp/        being written, or left by a crash
@@ -9,7 +9,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+from typing import NamedTuple
 
 MANIFEST_NAME = "manifest.json"
 TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
@@ -25,6 +28,33 @@ def parse_step_entry(name: str) -> tuple[int, str] | None:
     """(step, suffix) of a step directory's name (suffix "" when committed), else None."""
     match = _STEP_ENTRY.match(name)
     return (int(match.group(1)), match.group(2) or "") if match else None
+
+
+class StepPath(NamedTuple):
+    """A step directory's entry: its step, its suffix ("" when in place) and its path."""
+
+    step: int
+    suffix: str
+    path: Path
+
+
+def step_entries(directory: Path) -> list[StepPath]:
+    """The step entries of ``directory`` (none when it does not exist), by step then
+    suffix. Not collective; reads the directory only (not the manifests)."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(directory):
+        parsed = parse_step_entry(entry.name)
+        if parsed is not None:
+            found.append(StepPath(parsed[0], parsed[1], Path(entry.path)))
+    return sorted(found)
+
+
+def committed_steps(directory: Path) -> list[int]:
+    """The steps of ``directory`` in place with a manifest, oldest first."""
+    return [entry.step for entry in step_entries(directory)
+            if not entry.suffix and (entry.path / MANIFEST_NAME).exists()]  # fmt: skip
 
 
 def rank_name(rank: int) -> str:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .._hooks import point
 from .commit import DIRECTORY_MODE, RECYCLE_NAME, RunDirectory
-from .names import MANIFEST_NAME, parse_step_entry, step_name
+from .names import MANIFEST_NAME, step_entries, step_name
 
 
 class RetentionPolicy(Protocol):
@@ -97,9 +97,8 @@ def retain(run_dir: RunDirectory, policies: Sequence[RetentionPolicy], *, recycl
             point("retain.recycled")
         shutil.rmtree(deleting)
         run_dir.forget(step)
-    for entry in os.scandir(root):
-        parsed = parse_step_entry(entry.name)
-        if parsed is not None and parsed[1]:
+    for entry in step_entries(root):
+        if entry.suffix:
             shutil.rmtree(entry.path, ignore_errors=True)
     return doomed
 
