@@ -67,7 +67,9 @@ def plot(results: dict, out: Path) -> list[Path]:
         written.append(path)
 
     size = f"{results['ranks']} ranks x {results['mib_per_rank']} MiB"
-    for case, title in (("save", f"Durable save, {size}"), ("restore", f"Cold restore, {size}")):
+    cases = (("save_new", f"Durable save into new files, {size}"),
+             ("save_in_place", f"Durable save over earlier files, {size}"), ("restore", f"Cold restore, {size}"))
+    for case, title in cases:
         ways = results[case]["ways"]
         bars(case, f"{title} (ratio to {results[case]['baseline']}, median of {results['repeat']})", list(ways),
              [row["gb_per_s"] for row in ways.values()], "GB/s", [f"{row['ratio']:.2f}x" for row in ways.values()])

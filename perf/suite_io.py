@@ -8,17 +8,22 @@ every restore starts cold
 interleaves its ways within a repetition and reports medians and ratios to a baseline
 measured in the same run:
 
-- ``save``: one ``--mib`` MiB float64 array per rank, against a raw file-per-rank write
-  (``os.write`` + fsync, the file truncated first), the same written in place over the
-  file without truncating it, a memcpy, ``numpy.save`` per rank, plain
-  h5py (collective), plain ADIOS2 BP5 and ``torch.distributed.checkpoint`` (gloo);
+- ``save_new``: one ``--mib`` MiB float64 array per rank written into new files (every
+  way's previous output is deleted, untimed, before each round; hpckpt keeps every step,
+  so nothing is recycled), against a raw file-per-rank write of a new file (``pwrite``
+  + fsync), with ``numpy.save`` per rank, plain h5py (collective), plain ADIOS2 BP5 and
+  ``torch.distributed.checkpoint`` (gloo) in the same situation;
+- ``save_in_place``: the same array saved over the files of an earlier save (hpckpt with
+  ``keep=1``, which recycles the deleted step's files), against a raw write over the
+  previous file without truncating it, and a memcpy;
 - ``restore``: the same state read back, against a raw cold read, plain h5py
   (collective) and ``torch.distributed.checkpoint``;
 - ``rank_change``: rank 0 alone restores the whole array from the 2-rank step, against
   restoring it from a step one rank wrote (same bytes, same reader);
 - ``small``: 10,000 arrays per rank, against a raw write of their concatenation, with
   each step's bytes beyond the data (manifest, library metadata) as a share of the data;
-- ``async``: how long ``save(blocking=False)`` blocks, against a memcpy of the state;
+- ``async``: how long ``save(blocking=False)`` blocks, against a memcpy of the state, and
+  how much slower the compute between saves runs meanwhile, against no checkpointing;
 - ``incremental``: a "fine-tuned" state (the large array frozen, a small head changed)
   saved fully and as a delta over its base.
 """
@@ -140,41 +145,61 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     raw_path = root / f"raw-{comm.rank}.bin"
     npy_path = root / f"numpy-{comm.rank}.npy"
 
-    def raw() -> None:
-        write_raw(raw_path, block)
-
-    def raw_in_place() -> None:
-        write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False)
-
     def numpy_save() -> None:
         with open(npy_path, "wb") as handle:
             np.save(handle, block)
             handle.flush()
             os.fsync(handle.fileno())
 
-    def plain_h5py() -> None:
-        write_plain_h5py(comm, root / "plain.h5", block)
-
-    def plain_adios2() -> None:
-        write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS)
-
+    rounds = WARM_UP + repeat
+    growing = {name: hpckpt.Checkpointer(root / f"new-{name}", comm=comm, keep=rounds + 1, backend=name)
+               for name in BACKENDS}  # fmt: skip
     checkpointers = {name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name) for name in BACKENDS}
     steps = iter(range(1, 10**6))
-    ways: dict[str, Callable[[], object]] = {
-        "raw": raw,
-        "raw in place": raw_in_place,
-        "memcpy": lambda: np.copyto(copy, block),
+    new: dict[str, Callable[[], object]] = {
+        "raw new": lambda: write_raw(raw_path, block),
         "numpy.save": numpy_save,
-        "h5py": plain_h5py,
-        "adios2": plain_adios2,
+        "h5py": lambda: write_plain_h5py(comm, root / "plain.h5", block),
+        "adios2": lambda: write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS),
     }
+    outputs = {"raw new": raw_path, "numpy.save": npy_path, "h5py": root / "plain.h5", "adios2": root / "plain.bp"}
     dcp = torch_dcp(comm, block, root / "dcp")
     if dcp is not None:
-        ways["torch-dcp"] = dcp.save
+        new["torch-dcp"], outputs["torch-dcp"] = dcp.save, root / "dcp"
+    for name, checkpointer in growing.items():
+        new[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
+        outputs[f"hpckpt-{name}"] = root / f"new-{name}"
+
+    def delete_output(way: str) -> None:  # untimed: every way writes new files
+        path = outputs[way]
+        if way.startswith("hpckpt-"):  # its committed steps; the Checkpointer stays open
+            doomed = sorted(path.glob("step-*")) if comm.rank == 0 else []
+        else:  # raw and numpy.save: a file per rank; the others: one shared output
+            doomed = [path] if way in ("raw new", "numpy.save") or comm.rank == 0 else []
+        for entry in doomed:
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            elif entry.exists():
+                entry.unlink()
+        comm.Barrier()
+
+    results["save_new"] = summary(measure(comm, new, repeat, delete_output), total, "raw new")
+    in_place: dict[str, Callable[[], object]] = {
+        "raw in place": lambda: write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False),
+        "memcpy": lambda: np.copyto(copy, block),
+    }
     for name, checkpointer in checkpointers.items():
-        ways[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
-    results["save"] = summary(measure(comm, ways, repeat), total, "raw")
+        in_place[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
+    results["save_in_place"] = summary(measure(comm, in_place, repeat), total, "raw in place")
+    if dcp is not None:
+        torch_s = results["save_new"]["ways"]["torch-dcp"]["median_s"]
+        for case in ("save_new", "save_in_place"):
+            for way, row in results[case]["ways"].items():
+                if way.startswith("hpckpt-"):
+                    row["x_torch_dcp"] = torch_s / row["median_s"]
     phases = {name: checkpointer.last_save.seconds for name, checkpointer in checkpointers.items()}
+    for checkpointer in growing.values():
+        checkpointer.close()
 
     target = np.empty_like(block)
     target_state = {"u": hpckpt.Distributed(target, global_shape=global_shape, offset=(comm.rank * rows, 0))}
@@ -189,6 +214,10 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
             with dataset.collective:
                 dataset.read_direct(target, np.s_[mine])
 
+    write_raw(raw_path, block)  # the raw and h5py reads read what the last round wrote
+    write_plain_h5py(comm, root / "plain.h5", block)
+    if dcp is not None:
+        dcp.save()
     reads: dict[str, Callable[[], object]] = {"raw": raw_read, "h5py": plain_h5py_read}
     sources = {"raw": raw_path, "h5py": root / "plain.h5"}
     if dcp is not None:
@@ -280,26 +309,38 @@ def small_arrays(comm: MPI.Comm, root: Path, count: int, kib: int, repeat: int) 
 
 
 def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: float) -> dict:
-    """How long save(blocking=False) blocks, against one memcpy of the state (per backend)."""
+    """How long save(blocking=False) blocks, against one memcpy of the state, and how much
+    slower the application's compute between saves runs while the save is written,
+    against the same compute without checkpoints (per backend). Collective."""
     block, state = rank_rows(comm, mib)
-    result = {"memcpy_s": memcpy_seconds(comm, block), "compute_s": compute, "backends": {}}
     work = np.random.default_rng(1).random(1 << 16) + 1.0
+
+    def run(units: int) -> float:
+        start = time.perf_counter()
+        for _ in range(units):
+            np.sqrt(work, out=work)
+        return time.perf_counter() - start
+
+    probe = 200
+    units = comm.bcast(max(1, int(probe * compute / run(probe))))  # about ``compute`` seconds of work
+    alone = [max(comm.allgather(run(units))) for _ in range(3)]
+    result = {"memcpy_s": memcpy_seconds(comm, block), "compute_s": statistics.median(alone), "backends": {}}
     for name in BACKENDS:
-        blocked = []
+        blocked, computed = [], []
         with hpckpt.Checkpointer(root / f"async-{name}", comm=comm, backend=name, keep=1) as checkpointer:
             for step in range(1, saves + 1):
                 comm.Barrier()
                 start = time.perf_counter()
                 checkpointer.save(step, state, blocking=False)
                 blocked.append(time.perf_counter() - start)
-                end = time.perf_counter() + compute
-                while time.perf_counter() < end:
-                    np.sqrt(work, out=work)
+                computed.append(run(units))
             checkpointer.wait()
         steady = max(comm.allgather(statistics.median(blocked[1:])))
+        slowed = max(comm.allgather(statistics.median(computed[1:])))
         result["backends"][name] = {
-            "first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / result["memcpy_s"]
-        }
+            "first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / result["memcpy_s"],
+            "compute_s": slowed, "compute_slowdown": slowed / result["compute_s"] - 1.0,
+        }  # fmt: skip
     return result
 
 
@@ -346,7 +387,8 @@ def main() -> None:
     started = time.perf_counter()
     results["phases_of_last_save"] = save_and_restore(comm, root, args.mib, args.repeat, results)
     if comm.rank == 0:
-        show("save", results["save"])
+        show("save into new files", results["save_new"])
+        show("save over earlier files (in place)", results["save_in_place"])
         show("restore (cold)", results["restore"])
         for name, result in results["rank_change"].items():
             show(f"restore on rank 0 alone, {name}", result)
@@ -356,8 +398,9 @@ def main() -> None:
         print("  bytes beyond the data: " + ", ".join(f"{k} {v:.2%}" for k, v in results["small"]["overhead_share"].items()))
     results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute)
     if comm.rank == 0:
-        print(f"async: memcpy {results['async']['memcpy_s']:.3f} s; " + ", ".join(
-            f"{k} {v['steady_s']:.3f} s ({v['ratio']:.2f} x)" for k, v in results["async"]["backends"].items()))
+        print(f"async: memcpy {results['async']['memcpy_s']:.3f} s, compute {results['async']['compute_s']:.3f} s; "
+              + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x), compute +{v['compute_slowdown']:.1%}"
+                          for k, v in results["async"]["backends"].items()))
     results["incremental"] = incremental(comm, root, args.mib, args.repeat)
     if comm.rank == 0:
         for name, result in results["incremental"].items():

@@ -7,13 +7,32 @@ layout or raise the same error without another round of messages.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidStateError
-from .boxes import check_tiling
+from .boxes import Box, check_tiling
 from .manifest import Block, LeafRecord, describe_encoding
+
+MIN_REPLICATED_CHUNK = 4 << 20  # bytes: a replicated array is written in row chunks of at least this size
+
+
+def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> list[Box]:
+    """The row chunks a replicated array of ``shape`` is written in by ranks 0, 1, ... of
+    ``size``: as many as ranks, but none under :data:`MIN_REPLICATED_CHUNK` bytes (one
+    for a small, 0-d or empty array). Pure: every rank computes the same."""
+    whole: Box = ((0,) * len(shape), tuple(shape))
+    if not shape or shape[0] == 0:
+        return [whole]
+    count = max(1, min(size, shape[0], math.prod(shape) * itemsize // MIN_REPLICATED_CHUNK))
+    bounds = np.linspace(0, shape[0], count + 1).astype(int)
+    rest = (0,) * (len(shape) - 1)
+    return [((int(start), *rest), (int(stop - start), *shape[1:])) for start, stop in itertools.pairwise(bounds)]
 
 
 @dataclass(frozen=True)
@@ -30,6 +49,7 @@ class LeafPlan:
     encoding: str | None = None
     stored_bytes: int | None = None  # compressed by the backend: the bytes it stores
     codec: str | None = None  # and the codec that made them
+    chunk_checksums: tuple[str, ...] = ()  # replicated: every row chunk's, which all ranks must agree on
 
 
 @dataclass(frozen=True)
@@ -88,11 +108,15 @@ def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
     first = per_rank[0]
     agreed: tuple[Any, ...] = (first.encoding, first.dtype, first.global_shape)
     if first.kind == "replicated":
-        agreed += (first.shape, first.checksum)
+        agreed += (first.shape, first.chunk_checksums)
     if any(_agreed_fields(leaf, len(agreed)) != agreed for leaf in per_rank):
         _raise_disagreement(per_rank)
-    if first.kind == "replicated":
-        blocks: tuple[Block, ...] = (Block(0, (0,) * len(first.shape), first.shape, first.checksum, _stored(first)),)
+    if first.kind == "replicated":  # rank r writes chunk r (see replicated_chunks)
+        chunks = replicated_chunks(first.shape, np.dtype(first.dtype).itemsize, len(per_rank))
+        blocks: tuple[Block, ...] = tuple(
+            Block(rank, offset, shape, per_rank[rank].checksum, _stored(per_rank[rank]))
+            for rank, (offset, shape) in enumerate(chunks)
+        )
         return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks, encoding=first.encoding)
     blocks = tuple(
         Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf)) for rank, leaf in enumerate(per_rank)
@@ -105,7 +129,7 @@ def _merge_leaf(per_rank: list[LeafPlan], complete: bool) -> LeafRecord:
 
 def _agreed_fields(leaf: LeafPlan, count: int) -> tuple:
     """What every rank's plan of a leaf must agree on (the first ``count`` fields)."""
-    return (leaf.encoding, leaf.dtype, leaf.global_shape, leaf.shape, leaf.checksum)[:count]
+    return (leaf.encoding, leaf.dtype, leaf.global_shape, leaf.shape, leaf.chunk_checksums)[:count]
 
 
 def _raise_disagreement(per_rank: list[LeafPlan]) -> None:
@@ -126,7 +150,7 @@ def _raise_disagreement(per_rank: list[LeafPlan]) -> None:
                 f"distributed leaf {first.path!r} has global_shape {first.global_shape} on rank 0 "
                 f"but {leaf.global_shape} on rank {rank}"
             )
-        if (leaf.shape, leaf.checksum) != (first.shape, first.checksum):
+        if (leaf.shape, leaf.chunk_checksums) != (first.shape, first.chunk_checksums):
             raise InvalidStateError(
                 f"replicated leaf {first.path!r} differs between rank 0 (shape {first.shape}) and rank {rank} "
                 f"(shape {leaf.shape}); replicated arrays must be identical on every rank"

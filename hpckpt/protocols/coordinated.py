@@ -36,9 +36,10 @@ from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import as_host_array
 from ..checksum import ALGORITHM, block_checksum, pieces_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
+from ..model.boxes import Box
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
-from ..model.layout import LeafPlan, RankPlan, merge_plans
-from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Pickled
+from ..model.layout import LeafPlan, RankPlan, merge_plans, replicated_chunks
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Pickled, Replicated
 from ..model.manifest import LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
@@ -62,14 +63,16 @@ class SaveReport:
 
 
 def plan_local(
-    state: Any, encode: Callable[[str, np.ndarray], Encoded] | None = None
+    state: Any, encode: Callable[[str, np.ndarray], Encoded] | None = None, rank: int = 0, size: int = 1
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
     Not collective. ``encode(path, array)`` (a backend's compression) gives the bytes
     stored for each host array; checksums are of what a restore gives back (the array
     itself, or its lossy reconstruction). The copies of all device leaves are enqueued
-    first, so they run while host leaves are checksummed.
+    first, so they run while host leaves are checksummed. Of a replicated array, ``rank``
+    (of ``size``) stores its row chunk only (:func:`~hpckpt.model.layout.replicated_chunks`)
+    and checksums every chunk, for the ranks to agree that their copies are the same.
     """
     leaves = []
     arrays: dict[str, np.ndarray] = {}
@@ -88,26 +91,45 @@ def plan_local(
             host, checksum = as_host_array(leaf.array, slot.path), None
         else:  # checksummed chunk by chunk while the later chunks are still copied
             host, checksum = copy.host, pieces_checksum(copy.pieces())
-        encoded = encode(slot.path, host) if encode is not None else Encoded(host, None, host)
-        if checksum is None or encoded.restored is not host:
+        distributed = leaf if isinstance(leaf, Distributed) else None
+        offset = distributed.offset if distributed else ()
+        own = host
+        chunk_checksums: tuple[str, ...] = ()
+        if isinstance(leaf, Replicated):
+            chunks = replicated_chunks(host.shape, host.dtype.itemsize, size)
+            chunk_checksums = tuple(block_checksum(host[_rows(box)]) for box in chunks)
+            if rank >= len(chunks):  # a small array: the lower ranks write it
+                leaves.append(LeafPlan(slot.path, leaf.kind, host.dtype.str, host.shape, (), None, "",
+                                       leaf_encoding(leaf), chunk_checksums=chunk_checksums))  # fmt: skip
+                continue
+            offset, own = chunks[rank][0], host[_rows(chunks[rank])]
+            checksum = chunk_checksums[rank]
+        encoded = encode(slot.path, own) if encode is not None else Encoded(own, None, own)
+        if checksum is None or encoded.restored is not own:
             checksum = block_checksum(encoded.restored)
         arrays[slot.path] = encoded.stored
-        distributed = leaf if isinstance(leaf, Distributed) else None
         leaves.append(
             LeafPlan(
                 path=slot.path,
                 kind=leaf.kind,
                 dtype=host.dtype.str,
                 shape=host.shape,
-                offset=distributed.offset if distributed else (),
+                offset=offset,
                 global_shape=distributed.global_shape if distributed else None,
                 checksum=checksum,
                 encoding=leaf_encoding(leaf),
                 stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
                 codec=encoded.codec,
+                chunk_checksums=chunk_checksums,
             )
         )
     return RankPlan(tuple(leaves), values), arrays
+
+
+def _rows(box: Box) -> Any:
+    """The index of a replicated chunk's rows (a 0-d array's: all of it)."""
+    offset, shape = box
+    return slice(offset[0], offset[0] + shape[0]) if shape else Ellipsis
 
 
 def start_device_copies(slots: Sequence[Slot]) -> dict[str, HostCopy]:
@@ -122,17 +144,13 @@ def start_device_copies(slots: Sequence[Slot]) -> dict[str, HostCopy]:
 
 
 def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int) -> list[BlockData]:
-    """The blocks ``rank`` writes: its own distributed and local ones, replicated on rank 0.
+    """The blocks ``rank`` writes: its own distributed, local and replicated ones.
 
     A distributed leaf whose block of ``rank`` is reused from an incremental save's
     base gets an empty placeholder block, so the rank still joins collective writes.
     """
     blocks = []
     for record in records:
-        if record.kind == "replicated":
-            if rank == 0:
-                blocks.append(BlockData(record, record.blocks[0], arrays[record.path]))
-            continue
         own = [block for block in record.blocks if block.rank == rank]
         if own:
             blocks.append(BlockData(record, own[0], arrays[record.path]))
@@ -205,7 +223,7 @@ def save_coordinated(
 
     def plan() -> tuple[int, RankPlan]:
         point("save.plan")
-        rank_plan, arrays = plan_local(state, backend.encode)
+        rank_plan, arrays = plan_local(state, backend.encode, rank, comm.size)
         staged.update(arrays)
         return step, rank_plan
 

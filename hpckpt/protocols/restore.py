@@ -36,7 +36,7 @@ from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.boxes import Box
-from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
 from ..model.reads import LocalSource, local_source, overlaps
 from ..model.tree import Slot, flatten
@@ -65,6 +65,17 @@ class _Piece:
     slices: tuple[tuple[slice, ...], tuple[slice, ...]] | None
     resized: Local | None = None  # a resizable Local leaf whose array becomes ``destination``
     device: Any = None  # a device array that ``destination`` (host staging) is copied back into
+
+
+@dataclass(frozen=True)
+class _Share:
+    """A replicated chunk that rank ``root`` read and broadcasts into ``destination[into]``."""
+
+    destination: np.ndarray
+    into: tuple[slice, ...]
+    root: int
+    device: Any = None  # a device array that ``destination`` (host staging) is copied back into
+    path: str = ""
 
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
@@ -135,7 +146,7 @@ def restore_newest(
             problems.append(f"step {step}: {damaged[0]}")
             _warn_fallback(step, damaged, steps)
             continue
-        pieces = run_phase(
+        pieces, shares = run_phase(
             comm, f"restore step {step}: plan", lambda: _plan_reads(manifest, slots, comm.size, comm.rank, local_from)
         )
         corrupt = gather_phase(
@@ -155,8 +166,12 @@ def restore_newest(
             if piece.resized is not None:
                 piece.resized.array = _same_kind(piece.destination, piece.resized.array, piece.request.record.path)
                 piece.resized.shape = piece.destination.shape
-        devices = {id(piece.device): piece for piece in pieces if piece.device is not None}
-        STAGER.to_devices((piece.destination, piece.device, piece.request.record.path) for piece in devices.values())
+        if shares:
+            run_phase(comm, f"restore step {step}: share replicated", lambda: _share_replicated(comm, shares))
+        uploads = [(piece.destination, piece.device, piece.request.record.path) for piece in pieces]
+        uploads += [(share.destination, share.device, share.path) for share in shares]
+        devices = {id(device): (staged, device, path) for staged, device, path in uploads if device is not None}
+        STAGER.to_devices(devices.values())
         for slot in slots:
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])
@@ -234,6 +249,11 @@ def _differences(
                     f"but the checkpoint has {record.global_shape}"
                 )
             continue
+        if isinstance(leaf, Replicated):
+            if leaf.shape != record.global_shape:
+                found.append(f"replicated leaf {slot.path!r} has shape {leaf.shape} but the checkpoint has "
+                             f"{record.global_shape}")  # fmt: skip
+            continue
         if leaf.kind == "local" and source is None:
             found.append(
                 f"local leaf {slot.path!r} was written by {manifest.world_size} ranks but is restored on {size}; "
@@ -293,11 +313,14 @@ def _mismatch_error(step: int, source: str, differences: list[str]) -> StateMism
 
 def _plan_reads(
     manifest: Manifest, slots: list[Slot], size: int, rank: int, local_from: LocalSource | None
-) -> list[_Piece]:
-    """The stored blocks this rank reads, from the manifest alone."""
+) -> tuple[list[_Piece], list[_Share]]:
+    """The stored blocks this rank reads, from the manifest alone, and the replicated
+    chunks every rank receives from the one that reads it (chunk ``j`` is read by rank
+    ``j % size``): each byte of a replicated array is read from storage once per job."""
     stored = {record.path: record for record in manifest.leaves}
     source = local_source(manifest, size, rank, local_from)
     pieces: list[_Piece] = []
+    shares: list[_Share] = []
     for slot in slots:
         leaf = slot.value
         if not isinstance(leaf, ARRAY_LEAF_TYPES):
@@ -312,13 +335,34 @@ def _plan_reads(
             planned = _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
             pieces += [replace(piece, device=device) for piece in planned]
             continue
+        if isinstance(leaf, Replicated):
+            whole = ((0,) * len(leaf.shape), leaf.shape)
+            chunks = overlaps(record, whole)
+            planned = _overlapping_pieces(record, whole, destination)
+            pieces += [replace(piece, device=device) for index, piece in enumerate(planned) if index % size == rank]
+            if size > 1:
+                shares += [_Share(destination, chunk.into, index % size, device, slot.path)
+                           for index, chunk in enumerate(chunks)]  # fmt: skip
+            continue
         block = record.block_of(source if leaf.kind == "local" and source is not None else rank)
         if isinstance(leaf, Local) and leaf.resizable and leaf.shape != block.shape:
             fresh = np.empty(block.shape, dtype=record.dtype)
             pieces.append(_Piece(BlockData(record, block, fresh), fresh, None, resized=leaf))
             continue
         pieces.append(replace(_whole_block_piece(record, block, destination), device=device))
-    return pieces
+    return pieces, shares
+
+
+def _share_replicated(comm: MPI.Comm, shares: list[_Share]) -> None:
+    """Broadcast each replicated chunk from the rank that read it. Collective."""
+    from mpi4py import MPI
+
+    for share in shares:
+        region = share.destination[share.into + (Ellipsis,)]  # a view, a 0-d array's too
+        contiguous = region if region.flags.c_contiguous else np.ascontiguousarray(region)
+        comm.Bcast([contiguous.reshape(-1).view(np.uint8), MPI.BYTE], root=share.root)
+        if contiguous is not region:
+            region[...] = contiguous
 
 
 def _whole_block_piece(record: LeafRecord, block: Block, destination: np.ndarray) -> _Piece:

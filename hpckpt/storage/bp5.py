@@ -4,7 +4,7 @@ Layout of ``data.bp`` (readable with plain ``adios2.FileReader``):
 
 - a distributed or replicated leaf ``a/b`` is the global array variable ``a/b`` of
   shape ``global_shape``; each rank puts its box (``start`` = offset, ``count`` =
-  shape), rank 0 alone the whole replicated array;
+  shape), and of a replicated array each of ranks 0, 1, ... its row chunk;
 - a local leaf ``a/b`` is the local array variable ``a/b`` (no global shape); each
   rank's non-empty block is one ADIOS2 block, and the manifest gives its block id
   (blocks are numbered in rank order, empty ones are not stored);

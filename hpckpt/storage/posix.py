@@ -4,8 +4,8 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
 
 - ``data-00000.bin`` holds the segments of ranks ``0 .. k-1``, ``data-00001.bin``
   those of ranks ``k .. 2k-1``, and so on;
-- a rank's segment is its blocks in manifest order (local and distributed blocks of
-  its own, and every replicated block if it is rank 0), each starting at a multiple
+- a rank's segment is its blocks in manifest order (its local and distributed blocks,
+  and its row chunk of each replicated array), each starting at a multiple
   of ``block_alignment`` bytes; segments sharing a file start at multiples of
   ``segment_alignment`` (1 MiB, a common Lustre stripe size, so two ranks never
   write the same stripe);
@@ -67,7 +67,7 @@ def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRec
     """Every stored block with the rank that writes it, in manifest order."""
     for record in records:
         for block in record.blocks:
-            yield block.rank if record.kind != "replicated" else 0, record, block
+            yield block.rank, record, block
 
 
 class PosixBackend(Backend):
@@ -138,8 +138,8 @@ class PosixBackend(Backend):
         for record in records:
             blocks = []
             for block in record.blocks:
-                rank = block.rank if record.kind != "replicated" else 0
-                location = {"file": files[rank], "offset": segment_start[rank] + relative[(record.path, block.rank)]}
+                rank = block.rank
+                location = {"file": files[rank], "offset": segment_start[rank] + relative[(record.path, rank)]}
                 if "stored_bytes" in block.location:
                     location.update(stored_bytes=block.location["stored_bytes"], codec=block.location["codec"])
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.

@@ -115,3 +115,33 @@ def test_restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writer
     assert {r for p, r in recording.reads if p == "rows"} == wanted_rows
     assert {r for p, r in recording.reads if p == "grid"} == wanted_grid
     comm.Free()
+
+
+@pytest.mark.parametrize(("writers", "readers"), [(4, 3), (2, 4)])
+def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(world, mpi_tmp_path, backend,
+                                                                                writers, readers):  # fmt: skip
+    from hpckpt.model.layout import MIN_REPLICATED_CHUNK, replicated_chunks
+
+    rows = (writers * MIN_REPLICATED_CHUNK + 5 * 8 * 64) // (8 * 64)  # a little over ``writers`` chunks
+    table = np.arange(rows * 64, dtype=np.float64).reshape(rows, 64) / 3
+    run_dir = mpi_tmp_path / f"replicated-{writers}to{readers}"
+    comm = group(world, writers)
+    if comm != MPI.COMM_NULL:
+        with hpckpt.Checkpointer(run_dir, comm=comm, **backend) as checkpointer:
+            checkpointer.save(1, {"table": hpckpt.Replicated(table.copy())})
+            (_, (own_rows, _)) = replicated_chunks(table.shape, 8, writers)[comm.rank]
+            written, chunk_bytes = checkpointer.last_save.written_bytes, own_rows * 64 * 8  # every writer its chunk
+            assert 0 < written < chunk_bytes if "compression" in backend.get("backend_options", {}) else written == chunk_bytes
+        comm.Free()
+    world.Barrier()
+    comm = group(world, readers)
+    if comm == MPI.COMM_NULL:
+        return
+    recording = RecordingBackend(open_backend(backend["backend"], backend.get("backend_options")))
+    target = {"table": hpckpt.Replicated(np.zeros_like(table))}
+    with hpckpt.Checkpointer(run_dir, comm=comm, backend=recording) as checkpointer:
+        assert checkpointer.restore(target) == 1
+    assert target["table"].array.tobytes() == table.tobytes()
+    read = sorted(rank for reads in comm.allgather(recording.reads) for _, rank in reads)
+    assert read == list(range(len(replicated_chunks(table.shape, 8, writers)))) == list(range(writers))
+    comm.Free()

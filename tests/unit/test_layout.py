@@ -3,7 +3,7 @@
 import pytest
 
 from hpckpt import InvalidStateError
-from hpckpt.model.layout import LeafPlan, RankPlan, merge_plans
+from hpckpt.model.layout import MIN_REPLICATED_CHUNK, LeafPlan, RankPlan, merge_plans, replicated_chunks
 
 
 def dist(offset, shape, dtype="<f8", global_shape=(4,)):
@@ -17,13 +17,30 @@ def test_merge_builds_blocks_per_rank():
     assert values == {"it": 1}
 
 
-def test_replicated_keeps_one_block_and_checks_ranks_agree():
-    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "aa")
-    (record,), _ = merge_plans([RankPlan((rep,), {}), RankPlan((rep,), {})])
-    assert len(record.blocks) == 1 and record.global_shape == (2, 2)
-    other = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "bb")
+def test_a_small_replicated_array_is_one_block_and_ranks_must_agree():
+    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
+    rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("aa",))
+    (record,), _ = merge_plans([RankPlan((rep,), {}), RankPlan((rest,), {})])
+    assert [(b.rank, b.shape, b.checksum) for b in record.blocks] == [(0, (2, 2), "aa")] and record.global_shape == (2, 2)
+    other = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("bb",))
     with pytest.raises(InvalidStateError, match="replicated leaf 'w' differs between rank 0"):
         merge_plans([RankPlan((rep,), {}), RankPlan((other,), {})])
+
+
+def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
+    rows = 3 * MIN_REPLICATED_CHUNK // 8 // 4  # 3 chunks' worth of 4 float64 columns
+    chunks = replicated_chunks((rows, 4), 8, 4)
+    assert len(chunks) == 3 and sum(shape[0] for _, shape in chunks) == rows  # no chunk under the minimum
+    assert [offset[0] for offset, _ in chunks] == [0, rows // 3, 2 * rows // 3]
+    assert replicated_chunks((rows, 4), 8, 2) == [((0, 0), (rows // 2, 4)), ((rows // 2, 0), (rows - rows // 2, 4))]
+    assert replicated_chunks((), 8, 4) == [((), ())] and replicated_chunks((0, 4), 8, 4) == [((0, 0), (0, 4))]
+    sums = ("a", "b", "c")
+    plans = [RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), offset, None, sums[rank], chunk_checksums=sums),), {})
+             for rank, (offset, _) in enumerate(chunks)]  # fmt: skip
+    plans.append(RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, "", chunk_checksums=sums),), {}))
+    (record,), _ = merge_plans(plans)
+    assert [(b.rank, b.offset, b.shape, b.checksum) for b in record.blocks] == [
+        (rank, offset, shape, sums[rank]) for rank, (offset, shape) in enumerate(chunks)]
 
 
 @pytest.mark.parametrize(
