@@ -36,7 +36,10 @@ _TYPE_CODES = {
 }
 _STRING = 0
 _MODE_WRITE = 1
-_MODE_SYNC = 5
+# Puts are deferred: BP5 then writes large arrays straight from them at the end of the
+# step instead of copying them into its buffer first (a new 512 MiB buffer per save:
+# in-place saves of 2 x 512 MiB took 1.0 s deferred against 1.35-4.9 s synchronous here).
+_MODE_DEFERRED = 4
 _STEP_APPEND = 0
 _SIZES = ctypes.POINTER(ctypes.c_size_t)
 _library: Any = None
@@ -112,10 +115,12 @@ class BP5Step:
         step_status = ctypes.c_int()
         self._call("adios2_begin_step", self._engine, _STEP_APPEND, ctypes.c_float(-1.0), ctypes.byref(step_status))
         self._variables: dict[str, Any] = {}
+        self._deferred: list[np.ndarray] = []  # read by ADIOS2 at the end of the step: kept alive until then
 
     def put(self, name: str, kind: str, array: np.ndarray, shape: list[int], start: list[int], count: list[int]) -> None:
         """Put the C-contiguous ``array`` (a native ADIOS2 type) as the box ``start``,
-        ``count`` of variable ``name`` (``shape`` empty: a local array), written now."""
+        ``count`` of variable ``name`` (``shape`` empty: a local array); ADIOS2 reads it
+        when the step ends (:meth:`close`), so it must not change before."""
         variable = self._variables.get(name)
         if variable is None:
             variable = self._c.adios2_define_variable(
@@ -133,7 +138,8 @@ class BP5Step:
             self._call("adios2_set_selection", variable, len(count), _sizes(start), _sizes(count))
         else:
             self._call("adios2_set_selection", variable, len(count), None, _sizes(count))
-        self._call("adios2_put", self._engine, variable, ctypes.c_void_p(array.ctypes.data), _MODE_SYNC)
+        self._deferred.append(array)
+        self._call("adios2_put", self._engine, variable, ctypes.c_void_p(array.ctypes.data), _MODE_DEFERRED)
 
     def close(self) -> None:
         """End the step, close the engine and free ADIOS2 (the files are complete)."""
@@ -141,6 +147,7 @@ class BP5Step:
             self._call("adios2_end_step", self._engine)
             self._call("adios2_close", self._engine)
         finally:
+            self._deferred.clear()
             self._call("adios2_finalize", self._adios)
 
     def _call(self, name: str, *args: Any) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._checks import require_count
+from .._comm import await_everyone
 from ..model.manifest import Block, LeafRecord
 from .base import Backend, BlockData
 
@@ -119,6 +120,10 @@ class HDF5Backend(Backend):
                 offsets = self._lay_out_file(path, records)
             except Exception as exc:  # noqa: BLE001 - sent to every rank, raised below
                 failure, error = f"{type(exc).__name__}: {exc}", exc
+        # The others wait for rank 0's layout sleeping, not inside the broadcast: MPICH
+        # busy-polls there, which took a core from the application's compute while a
+        # non-blocking save waited for the layout.
+        await_everyone(comm, f"hdf5 layout of {path}")
         offsets, failure = comm.bcast((offsets, failure), root=0)
         if error is not None:
             raise error

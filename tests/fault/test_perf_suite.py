@@ -12,14 +12,18 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     out = tmp_path / "results"
     command = [sys.executable, str(REPO / "perf" / "suite.py"), "--mib", "4", "--repeat", "1", "--small-count", "200",
-               "--small-kib", "4", "--async-saves", "2", "--async-compute", "0.2", "--heat-iters", "300",
+               "--small-kib", "4", "--async-saves", "4", "--async-compute", "0.2", "--heat-iters", "300",
                "--heat-every", "100", "--dir", str(tmp_path / "scratch"), "--out", str(out)]  # fmt: skip
     done = run_group(command, timeout=240, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "suite.json").read_text())
-    assert set(results["save"]["ways"]) >= {"raw", "raw in place", "memcpy", "numpy.save", "h5py", "adios2",
-                                            "hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}  # fmt: skip
-    assert results["save"]["ways"]["raw"]["ratio"] == 1.0 and results["save"]["bytes"] == 2 * 4 * 2**20
+    hpckpt_ways = {"hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
+    assert set(results["save_new"]["ways"]) >= {"raw new", "numpy.save", "h5py", "adios2", "torch-dcp"} | hpckpt_ways
+    assert set(results["save_in_place"]["ways"]) == {"raw in place", "memcpy"} | hpckpt_ways
+    assert results["save_new"]["ways"]["raw new"]["ratio"] == 1.0 and results["save_new"]["bytes"] == 2 * 4 * 2**20
+    assert results["save_in_place"]["ways"]["raw in place"]["ratio"] == 1.0
+    assert all("x_torch_dcp" in results[case]["ways"][way] for case in ("save_new", "save_in_place") for way in hpckpt_ways)
+    assert all("compute_slowdown" in row for row in results["async"]["backends"].values())
     assert set(results["restore"]["ways"]) >= {"raw", "h5py", "hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
     assert set(results["rank_change"]) == {"hdf5", "adios2", "posix"}
     assert set(results["small"]["overhead_share"]) == {"hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
@@ -27,5 +31,6 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     written = results["incremental"]["posix"]["written_bytes_per_rank"]
     assert written["delta over the base"] == 2**20 < written["full"]  # only the changed 1 MiB head
     pictures = {path.name for path in out.glob("*.png")}
-    assert pictures == {f"{case}.png" for case in ("save", "restore", "small", "rank_change", "async", "incremental", "heat")}
+    cases = ("save_new", "save_in_place", "restore", "small", "rank_change", "async", "incremental", "heat")
+    assert pictures == {f"{case}.png" for case in cases}
     assert all((out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pictures)
