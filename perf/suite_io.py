@@ -24,6 +24,8 @@ measured in the same run:
   each step's bytes beyond the data (manifest, library metadata) as a share of the data;
 - ``async``: how long ``save(blocking=False)`` blocks, against a memcpy of the state, and
   how much slower the compute between saves runs meanwhile, against no checkpointing;
+- ``replicated``: a replicated array of half that size: the bytes each rank writes, and
+  the bytes all ranks read from storage (``/proc/self/io``) in a cold restore;
 - ``incremental``: a "fine-tuned" state (the large array frozen, a small head changed)
   saved fully and as a delta over its base.
 """
@@ -350,6 +352,36 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
     return result
 
 
+def storage_read_bytes() -> int:
+    """Bytes this process has read from storage (not the page cache), from /proc/self/io."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise RuntimeError("/proc/self/io has no read_bytes line")
+
+
+def replicated(comm: MPI.Comm, root: Path, mib: int) -> dict:
+    """A ``mib`` MiB replicated array: the bytes each rank writes, and the bytes all ranks
+    read from storage in a cold restore, as multiples of the array's size (per backend)."""
+    table = np.random.default_rng(7).standard_normal(mib * 2**20 // 8).reshape(-1, 1024)
+    result: dict = {"bytes": table.nbytes, "backends": {}}
+    for name in BACKENDS:
+        with hpckpt.Checkpointer(root / f"replicated-{name}", comm=comm, backend=name, keep=1) as checkpointer:
+            checkpointer.save(1, {"table": hpckpt.Replicated(table)})
+            written = comm.allgather(checkpointer.last_save.written_bytes)
+            comm.Barrier()
+            drop_cache(root / f"replicated-{name}")
+            comm.Barrier()
+            before = storage_read_bytes()
+            target = {"table": hpckpt.Replicated(np.empty_like(table))}
+            checkpointer.restore(target)
+            read = sum(comm.allgather(storage_read_bytes() - before))
+        if not np.array_equal(target["table"].array, table):
+            raise AssertionError("the replicated restore did not give back the saved array")
+        result["backends"][name] = {"written_per_rank": written, "read_share": read / table.nbytes}
+    return result
+
+
 def incremental(comm: MPI.Comm, root: Path, mib: int, repeat: int) -> dict:
     """A fine-tuned state (frozen array, small changed head): full saves against deltas over the base."""
     frozen, state = rank_rows(comm, mib)
@@ -408,6 +440,11 @@ def main() -> None:
               + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x), compute +{v['compute_slowdown']:.1%} "
                           f"(new files: blocks {v['blocked_new_files_s']:.3f} s, compute +{v['compute_slowdown_new_files']:.1%})"
                           for k, v in results["async"]["backends"].items()))
+    results["replicated"] = replicated(comm, root, args.mib // 2)
+    if comm.rank == 0:
+        print(f"replicated array of {results['replicated']['bytes'] / 2**20:.0f} MiB: " + ", ".join(
+            f"{k} written per rank {[f'{w / 2**20:.0f} MiB' for w in v['written_per_rank']]}, read from storage "
+            f"{v['read_share']:.2f} x its size" for k, v in results["replicated"]["backends"].items()))
     results["incremental"] = incremental(comm, root, args.mib, args.repeat)
     if comm.rank == 0:
         for name, result in results["incremental"].items():

@@ -24,6 +24,7 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     assert results["save_in_place"]["ways"]["raw in place"]["ratio"] == 1.0
     assert all("x_torch_dcp" in results[case]["ways"][way] for case in ("save_new", "save_in_place") for way in hpckpt_ways)
     assert all("compute_slowdown" in row for row in results["async"]["backends"].values())
+    assert set(results["replicated"]["backends"]) == {"hdf5", "adios2", "posix"}
     assert set(results["restore"]["ways"]) >= {"raw", "h5py", "hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
     assert set(results["rank_change"]) == {"hdf5", "adios2", "posix"}
     assert set(results["small"]["overhead_share"]) == {"hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
