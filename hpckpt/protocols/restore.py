@@ -35,10 +35,9 @@ from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
-from ..model.boxes import Box
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
-from ..model.reads import LocalSource, local_source, overlaps
+from ..model.reads import LocalSource, Overlap, local_source, overlaps
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
@@ -332,14 +331,13 @@ def _plan_reads(
         else:
             destination = writable_target(leaf.array, slot.path)
         if isinstance(leaf, Distributed):
-            planned = _overlapping_pieces(record, (leaf.offset, leaf.shape), destination)
+            planned = _overlapping_pieces(record, overlaps(record, (leaf.offset, leaf.shape)), destination)
             pieces += [replace(piece, device=device) for piece in planned]
             continue
         if isinstance(leaf, Replicated):
-            whole = ((0,) * len(leaf.shape), leaf.shape)
-            chunks = overlaps(record, whole)
-            planned = _overlapping_pieces(record, whole, destination)
-            pieces += [replace(piece, device=device) for index, piece in enumerate(planned) if index % size == rank]
+            chunks = overlaps(record, ((0,) * len(leaf.shape), leaf.shape))
+            mine = [chunk for index, chunk in enumerate(chunks) if index % size == rank]
+            pieces += [replace(piece, device=device) for piece in _overlapping_pieces(record, mine, destination)]
             if size > 1:
                 shares += [_Share(destination, chunk.into, index % size, device, slot.path)
                            for index, chunk in enumerate(chunks)]  # fmt: skip
@@ -373,10 +371,10 @@ def _whole_block_piece(record: LeafRecord, block: Block, destination: np.ndarray
     return _Piece(BlockData(record, block, buffer), destination, (everything, everything))
 
 
-def _overlapping_pieces(record: LeafRecord, box: Box, destination: np.ndarray) -> list[_Piece]:
-    """A piece per stored block that shares elements with ``box`` (this rank's box)."""
+def _overlapping_pieces(record: LeafRecord, found: list[Overlap], destination: np.ndarray) -> list[_Piece]:
+    """A piece per stored block in ``found``, each sharing elements with this rank's box."""
     pieces = []
-    for overlap in overlaps(record, box):
+    for overlap in found:
         block = overlap.block
         if overlap.exact:
             pieces.append(_whole_block_piece(record, block, destination))

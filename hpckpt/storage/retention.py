@@ -50,6 +50,8 @@ class KeepBest:
     best: str = "min"
 
     def keeps(self, run_dir: RunDirectory, steps: Sequence[int]) -> set[int]:
+        if self.count <= 0:  # the default: no manifest read at each save
+            return set()
         metrics = {}
         for step in steps:
             try:

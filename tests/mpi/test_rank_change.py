@@ -77,6 +77,16 @@ def group(world, size: int):
     return world.Split(0 if world.rank < size else MPI.UNDEFINED, world.rank)
 
 
+def readers_after_writers(world, readers: int, backend: dict):
+    """Once the writers are done: the first ``readers`` ranks' communicator and a recording
+    backend for them (None, None on the other ranks)."""
+    world.Barrier()
+    comm = group(world, readers)
+    if comm == MPI.COMM_NULL:
+        return None, None
+    return comm, RecordingBackend(open_backend(backend["backend"], backend.get("backend_options")))
+
+
 @pytest.mark.parametrize(("writers", "readers"), [(4, 2), (4, 3), (2, 4), (3, 4)])
 def test_restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers):
     run_dir = mpi_tmp_path / f"{writers}to{readers}"
@@ -87,11 +97,9 @@ def test_restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writer
             state["rng"] = hpckpt.Local(np.arange(comm.rank + 2, dtype=np.uint32) * 10 + comm.rank)
             checkpointer.save(5, state)
         comm.Free()
-    world.Barrier()
-    comm = group(world, readers)
-    if comm == MPI.COMM_NULL:
+    comm, recording = readers_after_writers(world, readers, backend)
+    if comm is None:
         return
-    recording = RecordingBackend(open_backend(backend["backend"], backend.get("backend_options")))
     with hpckpt.Checkpointer(run_dir, comm=comm, backend=recording) as checkpointer:
         target = make_state(comm, seed=-1)
         target["rng"] = hpckpt.Local(np.zeros(comm.rank % writers + 2, dtype=np.uint32))
@@ -133,11 +141,9 @@ def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(
             written, chunk_bytes = checkpointer.last_save.written_bytes, own_rows * 64 * 8  # every writer its chunk
             assert 0 < written < chunk_bytes if "compression" in backend.get("backend_options", {}) else written == chunk_bytes
         comm.Free()
-    world.Barrier()
-    comm = group(world, readers)
-    if comm == MPI.COMM_NULL:
+    comm, recording = readers_after_writers(world, readers, backend)
+    if comm is None:
         return
-    recording = RecordingBackend(open_backend(backend["backend"], backend.get("backend_options")))
     target = {"table": hpckpt.Replicated(np.zeros_like(table))}
     with hpckpt.Checkpointer(run_dir, comm=comm, backend=recording) as checkpointer:
         assert checkpointer.restore(target) == 1
