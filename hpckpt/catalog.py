@@ -19,7 +19,8 @@ import numpy as np
 from .buffers.bfloat16 import BFLOAT16, as_bfloat16
 from .errors import CorruptCheckpointError
 from .model.boxes import local_slices
-from .model.manifest import Block, LeafRecord, Manifest, stored_file
+from .model.manifest import PACKED, Block, LeafRecord, Manifest, stored_file
+from .model.reads import is_member, member_bytes
 from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import RunDirectory
@@ -28,6 +29,7 @@ from .storage.names import MANIFEST_NAME, step_entries
 from .storage.verified import read_verified
 
 Progress = Callable[[int], None]
+PACK_CACHE_BYTES = 256 << 20  # pack blocks kept in memory between reads of their leaves
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class CheckpointReader:
             raise FileNotFoundError(f"{self.run_dir.root} is not a directory")
         self._backends: dict[str, Backend] = {}
         self._intact_files: set[int] = set()  # steps whose files were checked
+        self._packs: dict[tuple[int, int], np.ndarray] = {}  # (step, rank): pack blocks read last
 
     def entries(self) -> list[StepEntry]:
         """Every step directory (committed, corrupt or incomplete), oldest step first."""
@@ -115,12 +118,15 @@ class CheckpointReader:
         return self.run_dir.manifest(self.newest() if step is None else step)
 
     def record(self, path: str, step: int | None = None) -> LeafRecord:
-        """The stored record of leaf ``path``; KeyError naming the leaves there are."""
+        """The record of array leaf ``path`` of the saved tree (``Manifest.tree_leaves``:
+        a packed leaf's too); KeyError naming the leaves there are."""
         manifest = self.manifest(step)
-        for record in manifest.leaves:
+        for record in manifest.tree_leaves:
             if record.path == path:
                 return record
-        raise KeyError(f"step {manifest.step} has no array leaf {path!r}; it has {[r.path for r in manifest.leaves]}")
+        shown = [r.path for r in manifest.tree_leaves]
+        listed = shown if len(shown) <= 20 else [*shown[:20], f"... ({len(shown) - 20} more)"]
+        raise KeyError(f"step {manifest.step} has no array leaf {path!r}; it has {listed}")
 
     def _backend(self, name: str) -> Backend:
         if name not in self._backends:
@@ -128,11 +134,15 @@ class CheckpointReader:
         return self._backends[name]
 
     def read_block(self, record: LeafRecord, block: Block, step: int, *, backend: str) -> np.ndarray:
-        """One stored block, checked against its checksum (CorruptCheckpointError if not).
+        """One block of a leaf, checked against its checksum (CorruptCheckpointError if not).
 
         The step's files are checked first (sizes, metadata checksums), once per step, so
-        an I/O library never parses a damaged file.
+        an I/O library never parses a damaged file. A packed leaf's block is cut from its
+        pack block, which is read and checked once while the pack blocks read last take
+        at most :data:`PACK_CACHE_BYTES`.
         """
+        if is_member(block):
+            return member_bytes(self._pack_block(step, block.rank, backend), record, block).copy()
         if step not in self._intact_files:
             problems = damaged_files(self.run_dir, self.manifest(step))
             if problems:
@@ -146,6 +156,15 @@ class CheckpointReader:
         if findings:
             raise CorruptCheckpointError(f"step {step}, {findings[0]}")
         return array
+
+    def _pack_block(self, step: int, rank: int, backend: str) -> np.ndarray:
+        key = (step, rank)
+        if key not in self._packs:
+            pack = next(record for record in self.manifest(step).leaves if record.encoding == PACKED)
+            self._packs[key] = self.read_block(pack, pack.block_of(rank), step, backend=backend)
+            while len(self._packs) > 1 and sum(b.nbytes for b in self._packs.values()) > PACK_CACHE_BYTES:
+                del self._packs[next(iter(self._packs))]  # the oldest
+        return self._packs[key]
 
     def local_blocks(self, path: str, step: int | None = None) -> list[np.ndarray]:
         """Every writer rank's block of Local leaf ``path``, indexed by writer rank."""

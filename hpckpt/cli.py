@@ -163,6 +163,7 @@ def _inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
     from .model.delta import home_step, referenced_steps
+    from .model.reads import is_member
     from .progress import human_bytes
     from .storage.codec import LOSSY_CODEC
 
@@ -170,7 +171,7 @@ def _inspect(args: argparse.Namespace) -> int:
     manifest = reader.manifest(args.step)
     damaged = damaged_files(reader.run_dir, manifest)
     leaves = []
-    for record in manifest.leaves:
+    for record in manifest.tree_leaves:
         leaves.append({
             "path": record.path,
             "kind": record.kind,
@@ -180,6 +181,7 @@ def _inspect(args: argparse.Namespace) -> int:
                 {
                     "rank": b.rank, "offset": list(b.offset), "shape": list(b.shape),
                     "in_step": home_step(b, manifest.step), "codec": b.location.get("codec"),
+                    "packed": is_member(b),
                 }
                 for b in record.blocks
             ],
@@ -224,7 +226,8 @@ def _inspect(args: argparse.Namespace) -> int:
             where = _box(block["offset"], block["shape"]) if leaf["kind"] == "distributed" else tuple(block["shape"])
             home = f" (in step {block['in_step']})" if block["in_step"] != manifest.step else ""
             codec = f" [{block['codec']}{', lossy' if block['codec'] == LOSSY_CODEC else ''}]" if block["codec"] else ""
-            print(f"      rank {block['rank']}: {where}{home}{codec}")
+            packed = " (packed)" if block["packed"] else ""
+            print(f"      rank {block['rank']}: {where}{home}{codec}{packed}")
     for path, value in manifest.values.items():
         print(f"  {path}: value {value!r}")
     for problem in damaged:

@@ -121,4 +121,4 @@ def _same_leaf(new: LeafRecord, old: LeafRecord) -> bool:
 
 
 def _same_block(new: Block, old: Block) -> bool:
-    return (new.offset, new.shape, new.checksum) == (old.offset, old.shape, old.checksum)
+    return (new.offset, new.shape, new.checksum, new.members) == (old.offset, old.shape, old.checksum, old.members)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .boxes import Box, intersection, local_slices
-from .manifest import Block, LeafRecord, Manifest
+from .manifest import PACK_START, Block, LeafRecord, Manifest
 
 LocalSource = Callable[[int], int]  # new rank -> the writer rank whose Local blocks it takes
 
@@ -62,3 +62,15 @@ def local_source(manifest: Manifest, size: int, rank: int, local_from: LocalSour
             f"local_from({rank}) returned {source!r}; expected a writer rank in [0, {manifest.world_size})"
         )
     return int(source)
+
+
+def is_member(block: Block) -> bool:
+    """True for a packed leaf's block (``Manifest.tree_leaves``): its bytes are in a pack block."""
+    return PACK_START in block.location
+
+
+def member_bytes(pack: np.ndarray, record: LeafRecord, block: Block) -> np.ndarray:
+    """Packed ``block`` of ``record`` as an array of its dtype and shape: a view of the
+    bytes ``pack`` of the pack block it is in."""
+    start = block.location[PACK_START]
+    return pack[start : start + block.size * record.itemsize].view(record.dtype).reshape(block.shape)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidStateError
 from .leaves import ARRAY_LEAF_TYPES
+from .manifest import RESERVED_KEY
 
 PLAIN_TYPES = (bool, int, float, str, type(None))
 _RESERVED_KEYS = {"", ".", ".."}
+_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,10 @@ def _check_key(key: Any, parent: str) -> str:
         raise InvalidStateError(f"state keys must be strings; key {key!r} at {where} is {type(key).__name__}")
     if key in _RESERVED_KEYS or "/" in key:
         raise InvalidStateError(f"state key {key!r} at {where} is not allowed (empty, '.', '..' or contains '/')")
-    if any(ord(char) < 32 or ord(char) == 127 for char in key):
+    if _CONTROL_CHARACTER.search(key):
         raise InvalidStateError(f"state key {key!r} at {where} contains a control character (NUL, newline, ...)")
+    if key == RESERVED_KEY and not parent:
+        raise InvalidStateError(f"state key {key!r} at the top level is hpckpt's own (its packed small leaves)")
     return key
 
 

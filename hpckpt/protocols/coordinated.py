@@ -38,9 +38,18 @@ from ..checksum import ALGORITHM, block_checksum, pieces_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.boxes import Box
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
-from ..model.layout import LeafPlan, RankPlan, merge_plans, replicated_chunks
-from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Pickled, Replicated
-from ..model.manifest import LeafRecord, Manifest
+from ..model.layout import (
+    PACK_LIMIT,
+    LeafPlan,
+    PlannedMember,
+    RankPlan,
+    merge_plans,
+    pack_plan,
+    packed_bytes,
+    replicated_chunks,
+)
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
+from ..model.manifest import PACK_PATH, LeafRecord, Manifest
 from ..model.tree import Slot, flatten
 from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
@@ -63,20 +72,24 @@ class SaveReport:
 
 
 def plan_local(
-    state: Any, encode: Callable[[str, np.ndarray], Encoded] | None = None, rank: int = 0, size: int = 1
+    state: Any, backend: Backend | None = None, rank: int = 0, size: int = 1
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
-    Not collective. ``encode(path, array)`` (a backend's compression) gives the bytes
+    Not collective. ``backend.encode(path, array)`` (compression) gives the bytes
     stored for each host array; checksums are of what a restore gives back (the array
     itself, or its lossy reconstruction). The copies of all device leaves are enqueued
     first, so they run while host leaves are checksummed. Of a replicated array, ``rank``
     (of ``size``) stores its row chunk only (:func:`~hpckpt.model.layout.replicated_chunks`)
     and checksums every chunk, for the ranks to agree that their copies are the same.
+    Local leaves of at most :data:`~hpckpt.model.layout.PACK_LIMIT` bytes that the
+    backend stores exactly go into this rank's pack, one block with one checksum.
     """
+    encode = backend.encode if backend is not None else None
     leaves = []
     arrays: dict[str, np.ndarray] = {}
     values: dict[str, Any] = {}
+    members: list[tuple[PlannedMember, np.ndarray]] = []
     slots = flatten(state)
     copies = start_device_copies(slots)
     for slot in slots:
@@ -87,10 +100,14 @@ def plan_local(
         if isinstance(leaf, Pickled):
             leaf.pickle()
         copy = copies.get(slot.path)
-        if copy is None:
-            host, checksum = as_host_array(leaf.array, slot.path), None
-        else:  # checksummed chunk by chunk while the later chunks are still copied
-            host, checksum = copy.host, pieces_checksum(copy.pieces())
+        host = as_host_array(leaf.array, slot.path) if copy is None else copy.host
+        if isinstance(leaf, Local) and host.nbytes <= PACK_LIMIT and (backend is None or backend.stores_exactly(slot.path)):
+            members.append(((slot.path, host.dtype.str, host.shape, leaf_encoding(leaf)), host))
+            if copy is not None:
+                copy.wait()
+            continue
+        # a device leaf is checksummed chunk by chunk while the later chunks are still copied
+        checksum = None if copy is None else pieces_checksum(copy.pieces())
         distributed = leaf if isinstance(leaf, Distributed) else None
         offset = distributed.offset if distributed else ()
         own = host
@@ -123,7 +140,22 @@ def plan_local(
                 chunk_checksums=chunk_checksums,
             )
         )
+    if members:
+        leaves.append(_pack(members, encode, arrays))
     return RankPlan(tuple(leaves), values), arrays
+
+
+def _pack(
+    members: Sequence[tuple[PlannedMember, np.ndarray]], encode: Callable[[str, np.ndarray], Encoded] | None,
+    arrays: dict[str, np.ndarray],
+) -> LeafPlan:
+    """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``."""
+    block = packed_bytes([host for _, host in members])
+    encoded = encode(PACK_PATH, block) if encode is not None else Encoded(block, None, block)
+    arrays[PACK_PATH] = encoded.stored
+    stored_bytes = None if encoded.codec is None else encoded.stored.nbytes
+    planned = [member for member, _ in members]
+    return pack_plan(planned, block.nbytes, block_checksum(block), stored_bytes, encoded.codec)
 
 
 def _rows(box: Box) -> Any:
@@ -223,7 +255,7 @@ def save_coordinated(
 
     def plan() -> tuple[int, RankPlan]:
         point("save.plan")
-        rank_plan, arrays = plan_local(state, backend.encode, rank, comm.size)
+        rank_plan, arrays = plan_local(state, backend, rank, comm.size)
         staged.update(arrays)
         return step, rank_plan
 

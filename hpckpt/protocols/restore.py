@@ -36,8 +36,8 @@ from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
-from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
-from ..model.reads import LocalSource, Overlap, local_source, overlaps
+from ..model.manifest import IN_STEP, PACKED, Block, LeafRecord, Manifest, describe_encoding
+from ..model.reads import LocalSource, Overlap, is_member, local_source, member_bytes, overlaps
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
@@ -47,8 +47,6 @@ from ..storage.verified import read_verified
 
 if TYPE_CHECKING:
     from mpi4py import MPI
-
-
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,18 @@ class _Piece:
     slices: tuple[tuple[slice, ...], tuple[slice, ...]] | None
     resized: Local | None = None  # a resizable Local leaf whose array becomes ``destination``
     device: Any = None  # a device array that ``destination`` (host staging) is copied back into
+    member: tuple[LeafRecord, Block] | None = None  # a packed leaf's block: ``request`` reads its pack block
+
+    def put_in_place(self) -> None:
+        """Copy what was read into this rank's leaf, where it was not read straight there."""
+        if self.member is not None:
+            np.copyto(self.destination, member_bytes(self.request.array, *self.member))
+        elif self.slices is not None:
+            into, taken = self.slices
+            self.destination[into] = self.request.array[taken]
+        if self.resized is not None:
+            self.resized.array = _same_kind(self.destination, self.resized.array, self.request.record.path)
+            self.resized.shape = self.destination.shape
 
 
 @dataclass(frozen=True)
@@ -159,12 +169,7 @@ def restore_newest(
             _warn_fallback(step, findings, steps)
             continue
         for piece in pieces:
-            if piece.slices is not None:
-                into, taken = piece.slices
-                piece.destination[into] = piece.request.array[taken]
-            if piece.resized is not None:
-                piece.resized.array = _same_kind(piece.destination, piece.resized.array, piece.request.record.path)
-                piece.resized.shape = piece.destination.shape
+            piece.put_in_place()
         if shares:
             run_phase(comm, f"restore step {step}: share replicated", lambda: _share_replicated(comm, shares))
         uploads = [(piece.destination, piece.device, piece.request.record.path) for piece in pieces]
@@ -211,7 +216,7 @@ def _differences(
 ) -> list[str]:
     """What differs between this rank's tree and ``manifest`` (empty when they match)."""
     source = local_source(manifest, size, rank, local_from)
-    stored = {record.path: record for record in manifest.leaves}
+    stored = {record.path: record for record in manifest.tree_leaves}
     found: list[str] = []
     for slot in slots:
         leaf = slot.value
@@ -282,7 +287,9 @@ def _differences(
             )
     paths = {slot.path for slot in slots}
     found += [
-        f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state" for r in manifest.leaves if r.path not in paths
+        f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state"
+        for r in manifest.tree_leaves
+        if r.path not in paths
     ]
     found += [f"plain value {p!r} is in the checkpoint but not in the state" for p in manifest.values if p not in paths]
     return found
@@ -316,8 +323,9 @@ def _plan_reads(
     """The stored blocks this rank reads, from the manifest alone, and the replicated
     chunks every rank receives from the one that reads it (chunk ``j`` is read by rank
     ``j % size``): each byte of a replicated array is read from storage once per job."""
-    stored = {record.path: record for record in manifest.leaves}
+    stored = {record.path: record for record in manifest.tree_leaves}
     source = local_source(manifest, size, rank, local_from)
+    pack_reads = _PackReads(manifest)
     pieces: list[_Piece] = []
     shares: list[_Share] = []
     for slot in slots:
@@ -343,12 +351,33 @@ def _plan_reads(
                            for index, chunk in enumerate(chunks)]  # fmt: skip
             continue
         block = record.block_of(source if leaf.kind == "local" and source is not None else rank)
-        if isinstance(leaf, Local) and leaf.resizable and leaf.shape != block.shape:
-            fresh = np.empty(block.shape, dtype=record.dtype)
-            pieces.append(_Piece(BlockData(record, block, fresh), fresh, None, resized=leaf))
-            continue
-        pieces.append(replace(_whole_block_piece(record, block, destination), device=device))
+        resized = isinstance(leaf, Local) and leaf.resizable and leaf.shape != block.shape
+        if resized:
+            destination = np.empty(block.shape, dtype=record.dtype)
+        if is_member(block):
+            resized_leaf, upload = (leaf, None) if resized else (None, device)
+            pieces.append(_Piece(pack_reads.of(block.rank), destination, None, resized_leaf, upload, (record, block)))
+        elif resized:
+            pieces.append(_Piece(BlockData(record, block, destination), destination, None, resized=leaf))
+        else:
+            pieces.append(replace(_whole_block_piece(record, block, destination), device=device))
     return pieces, shares
+
+
+class _PackReads:
+    """One read of each pack block that this rank's packed leaves are in."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self._pack = next((record for record in manifest.leaves if record.encoding == PACKED), None)
+        self._reads: dict[int, BlockData] = {}
+
+    def of(self, rank: int) -> BlockData:
+        """The read of writer ``rank``'s pack block, shared by all its members."""
+        if rank not in self._reads:
+            assert self._pack is not None  # a member's block exists only where a pack does
+            block = self._pack.block_of(rank)
+            self._reads[rank] = BlockData(self._pack, block, np.empty(block.shape, dtype=np.uint8))
+        return self._reads[rank]
 
 
 def _share_replicated(comm: MPI.Comm, shares: list[_Share]) -> None:
@@ -407,6 +436,7 @@ def _read_and_verify(
     except (ImportError, ValueError) as exc:
         return [f"rank {rank} cannot read {run_dir.step_path(step)}: {type(exc).__name__}: {exc}"]
     try:
-        return read_verified(backend, run_dir, step, [piece.request for piece in pieces])
+        requests = {id(piece.request): piece.request for piece in pieces}  # a pack block once
+        return read_verified(backend, run_dir, step, list(requests.values()))
     except CorruptCheckpointError as exc:
         return [f"rank {rank} {exc}"]

@@ -78,7 +78,9 @@ class Backend:
     - ``encode(path, array) -> Encoded``: the bytes stored for a block of leaf ``path``
       (compression), called on each rank before the layout; ``layout`` then finds each
       block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
-      and ``read`` decodes (see storage/posix.py). None: blocks are stored as they are.
+      and ``read`` decodes (see storage/posix.py). None: blocks are stored as they are;
+    - ``stores_exactly(path)``: False where ``encode`` is lossy for leaf ``path``, whose
+      small Local blocks are then not packed with others (model/layout.py).
     """
 
     name: str = ""
@@ -92,6 +94,10 @@ class Backend:
         """``options`` with this backend's defaults for ``striping`` filled in where not
         given. Pure. Default: unchanged."""
         return dict(options)
+
+    def stores_exactly(self, path: str) -> bool:
+        """Whether a restore gives back leaf ``path``'s bytes exactly. Pure. Default: True."""
+        return True
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """``records`` with their storage locations filled in. Pure and deterministic."""

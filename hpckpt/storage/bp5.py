@@ -137,7 +137,7 @@ class ADIOS2Backend(Backend):
                 ids = {block.rank: index for index, block in enumerate(stored)}
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks = tuple(
-                    Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}) if b.size else b
+                    Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}, b.members) if b.size else b
                     for b in blocks
                 )
             placed.append(

@@ -49,6 +49,12 @@ def _blosc2() -> Any:
     return blosc2
 
 
+# A Blosc2 chunk's 32-byte header ends with its flags byte, whose bits 4-6 name a chunk of
+# special values; "uninitialized" (4) decompresses to nothing at all, which would leave
+# the reader's buffer as it was (found by tests/fault/test_corruption.py: one flipped bit).
+_HEADER, _SPECIAL_FLAGS, _UNINITIALIZED = 32, 31, 4
+
+
 def encode(array: np.ndarray) -> np.ndarray:
     """The stored bytes of a C-contiguous ``array``, compressed (blosc2)."""
     blosc2 = _blosc2()
@@ -90,6 +96,8 @@ def decode(stored: np.ndarray, into: np.ndarray) -> None:
         piece = stored[position : position + size]
         if blosc2.get_cbuffer_sizes(piece.tobytes())[0] != target.size:
             raise ValueError(f"compressed piece {index} does not hold {target.size} bytes")
+        if piece.size >= _HEADER and (int(piece[_SPECIAL_FLAGS]) >> 4) & 7 == _UNINITIALIZED:
+            raise ValueError(f"compressed piece {index} is marked uninitialized: it would write no bytes")
         blosc2.decompress2(piece.tobytes(), dst=target)
         position += int(size)
 

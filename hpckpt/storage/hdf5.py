@@ -235,7 +235,8 @@ def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
     its own, like a local leaf's, and the file holds no whole array."""
     if not _partial(record):
         return record.blocks
-    return tuple(Block(b.rank, b.offset, b.shape, b.checksum, {**b.location, PER_RANK: True}) for b in record.blocks)
+    return tuple(Block(b.rank, b.offset, b.shape, b.checksum, {**b.location, PER_RANK: True}, b.members)
+                 for b in record.blocks)  # fmt: skip
 
 
 def _in_groups(record: LeafRecord) -> bool:

@@ -112,6 +112,10 @@ class PosixBackend(Backend):
             return Encoded(codec.encode(array), self.compression, array)
         return Encoded(array, None, array)
 
+    def stores_exactly(self, path: str) -> bool:
+        """False for a leaf that a ``lossy`` pattern names."""
+        return not self.lossy or not any(fnmatchcase(path, pattern) for pattern in self.lossy)
+
     def file_of(self, rank: int) -> str:
         """The file that holds ``rank``'s segment."""
         return f"data-{rank // self.ranks_per_file:05d}.bin"
@@ -143,7 +147,7 @@ class PosixBackend(Backend):
                 if "stored_bytes" in block.location:
                     location.update(stored_bytes=block.location["stored_bytes"], codec=block.location["codec"])
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
-                blocks.append(Block(block.rank, block.offset, block.shape, block.checksum, location))
+                blocks.append(Block(block.rank, block.offset, block.shape, block.checksum, location, block.members))
             placed.append(
                 LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks), record.location,
                            record.encoding)

@@ -226,7 +226,7 @@ def test_inspect_names_each_blocks_codec(tmp_path):
     made = run_group([sys.executable, "-c", LOSSY_STEP, str(run_dir)], timeout=JOB_TIMEOUT)
     assert made.returncode == 0, made.stderr
     text = cli("inspect", run_dir).stdout
-    assert "rank 0: (128, 128) [zfp, lossy]" in text and "rank 0: (3,) [blosc2]" in text, text
+    assert "rank 0: (128, 128) [zfp, lossy]" in text and "rank 0: (3,) [blosc2] (packed)" in text, text
     leaves = {leaf["path"]: leaf for leaf in json.loads(cli("inspect", run_dir, "--json").stdout)["leaves"]}
     assert [block["codec"] for block in leaves["solver/x"]["blocks"]] == ["zfp"]
     assert cli("verify", run_dir).returncode == 0

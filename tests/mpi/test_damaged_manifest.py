@@ -21,7 +21,7 @@ def state_of(comm, value: float) -> dict:
     rows = 3
     return {
         "u": hpckpt.Distributed(np.full((rows, 4), value), global_shape=(rows * comm.size, 4), offset=(rows * comm.rank, 0)),
-        "tail": hpckpt.Local(np.full(2 + comm.rank, value), resizable=True),
+        "tail": hpckpt.Local(np.full(40_000 + comm.rank, value), resizable=True),  # over PACK_LIMIT: not packed
         "it": value,
     }
 
@@ -59,7 +59,7 @@ def test_a_wrong_manifest_falls_back_with_a_warning_naming_it(world, mpi_tmp_pat
         with hpckpt.Checkpointer(run_dir, comm=world, **BACKENDS[name]) as checkpointer:
             assert checkpointer.restore(restored) == 1
     assert restored["it"] == 1.0 and restored["u"].array.tolist() == state_of(world, 1.0)["u"].array.tolist()
-    assert restored["tail"].array.tolist() == [1.0] * (2 + world.rank)
+    assert restored["tail"].array.tolist() == [1.0] * (40_000 + world.rank)
     messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
     assert len(messages) == 1, messages
     assert f"checkpoint step 2 ({manifest_path}) does not match the state" in messages[0]

@@ -61,7 +61,7 @@ def make_state(cupy, seed: int) -> dict:
     grid = cupy.asarray(rng.standard_normal((64, 96)))
     return {
         "grid": hpckpt.Distributed(grid[:, 10:70], global_shape=(64, 60), offset=(0, 0)),  # not contiguous
-        "ids": hpckpt.Local(cupy.asarray(np.arange(3000, dtype=np.int64) * seed)),
+        "ids": hpckpt.Local(cupy.asarray(np.arange(40_000, dtype=np.int64) * seed)),  # not packed
         "weights": hpckpt.Replicated(DLPackOnly(cupy.asarray(rng.standard_normal(5000).astype(np.float32)))),
         "bias": hpckpt.Replicated(GradTensor(cupy.asarray(rng.standard_normal(700)))),
         "host": hpckpt.Replicated(rng.standard_normal(100)),

@@ -81,7 +81,7 @@ def test_block_of_rank():
     [
         ("{", "m.json: not a valid hpckpt manifest: Expecting property name"),
         ('{"format": "other"}', "format is 'other', expected 'hpckpt-manifest'"),
-        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2)"),
+        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2, 3)"),
         ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'step'"),
     ],
 )
@@ -181,7 +181,8 @@ def test_object_and_record_dtypes_are_refused():
 def test_only_local_bytes_can_be_marked_pickled_and_only_uint16_bfloat16(leaf, encoding):
     body = unsigned(make_manifest())
     body["leaves"][leaf]["encoding"] = encoding  # leaf 0 is distributed float64, leaf 1 local uint32
-    with pytest.raises(CorruptCheckpointError, match="hpckpt writes only 'pickle' \\(local uint8\\) and 'bfloat16'"):
+    written = "hpckpt writes only 'pickle' \\(local uint8\\), 'packed' \\(local uint8\\) and 'bfloat16'"
+    with pytest.raises(CorruptCheckpointError, match=written):
         Manifest.from_json(json.dumps(body), "evil.json")
     body["leaves"][1]["dtype"], body["leaves"][1]["encoding"] = "|u1", "pickle"
     body["leaves"][0]["dtype"], body["leaves"][0]["encoding"] = "<u2", "bfloat16"
