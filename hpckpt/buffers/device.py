@@ -28,6 +28,8 @@ _DLPACK_CUDA_DEVICES = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 def is_device_array(array: Any) -> bool:
     """True for arrays that live in GPU memory."""
+    if isinstance(array, np.ndarray):  # the common case, without asking DLPack (10,000s of leaves per save)
+        return False
     try:
         if hasattr(array, "__cuda_array_interface__"):
             return True

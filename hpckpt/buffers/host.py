@@ -48,6 +48,8 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         When the array cannot be viewed on the host or its dtype cannot be stored
         (only booleans, integers, floats and complex numbers can).
     """
+    if type(array) is np.ndarray and array.dtype.kind in STORABLE_KINDS:  # the common case, checked fast
+        return array if array.flags.c_contiguous else array.copy(order="C")
     try:
         host = _numpy_view(array)
     except Exception as exc:
