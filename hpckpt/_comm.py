@@ -43,7 +43,7 @@ _FORWARD_GRACE = 0.5  # seconds before MPI_Abort, for mpiexec to forward the las
 TIMEOUT_ENV = "HPCKPT_PHASE_TIMEOUT"
 DEFAULT_PHASE_TIMEOUT = 600.0  # s; the slowest phase measured (a 512 MiB write per rank) takes about 2 s
 _ARRIVAL_TAG = 0x6870
-_POLL_MAX = 0.01  # s between tests of the barrier, at most
+_POLL_MAX = 0.001  # s between tests of the barrier, at most: a late wake-up delays every phase
 IO_FLOOR_BANDWIDTH = 100e6  # bytes/s: collective I/O slower than this, past the timeout, counts as hung
 _notices_keyval: int | None = None
 
