@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from .manifest import PACK_PATH, PACKED, Block, LeafRecord, Member, describe_enc
 
 MIN_REPLICATED_CHUNK = 4 << 20  # bytes: a replicated array is written in row chunks of at least this size
 PACK_LIMIT = 256 << 10  # bytes: a Local leaf of at most this many is stored in its rank's pack
+LATER = "pending"  # a planned block's checksum, which its rank reports after the write (fill_checksums)
 
 
 def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> list[Box]:
@@ -180,6 +181,19 @@ def _merge_leaf(per_rank: list[tuple[int, LeafPlan]], complete: bool) -> LeafRec
         assert first.global_shape is not None  # every distributed leaf has one (see LeafPlan)
         check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
     return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
+
+
+def fill_checksums(records: Sequence[LeafRecord], per_rank: Sequence[Mapping[str, str]]) -> tuple[LeafRecord, ...]:
+    """``records`` whose blocks' :data:`LATER` checksums are replaced by their ranks'
+    reports (``per_rank[rank][path]``). Pure; every rank computes the same."""
+    filled = []
+    for record in records:
+        if any(block.checksum == LATER and block.rank >= 0 for block in record.blocks):
+            blocks = tuple(replace(block, checksum=per_rank[block.rank][record.path])
+                           if block.checksum == LATER and block.rank >= 0 else block for block in record.blocks)  # fmt: skip
+            record = replace(record, blocks=blocks)
+        filled.append(record)
+    return tuple(filled)
 
 
 def _agreed_fields(leaf: LeafPlan, count: int) -> tuple:

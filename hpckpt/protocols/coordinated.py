@@ -4,15 +4,17 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`, so a failure on any rank
 raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 
 1. ``plan``: check the step, flatten the tree, stage arrays to contiguous host
-   memory and checksum them; gather every rank's plan; every rank merges the same
-   plans and validates the layout (same error everywhere when it is wrong).
+   memory and checksum what the plan compares (replicated chunks, every block of an
+   incremental save, device copies as they land); gather every rank's plan; every rank
+   merges the same plans and validates the layout (same error everywhere when it is
+   wrong).
 2. ``base`` (incremental saves only): rank 0 reads the manifest of the step to compare
    with; every rank drops the blocks it already holds (:mod:`hpckpt.model.delta`).
    ``prepare``: rank 0 checks the space and makes ``step-N.tmp``.
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
 4. ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes
-   until then) and reports their sizes.
+   until then) while it checksums its other blocks, and reports sizes and checksums.
 5. ``commit``: rank 0 records the largest sizes, writes the manifest last and renames
    the step into place; then ``retain`` deletes old steps (only after a successful
    commit).
@@ -24,7 +26,9 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,10 +43,12 @@ from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.boxes import Box
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
 from ..model.layout import (
+    LATER,
     PACK_LIMIT,
     LeafPlan,
     PlannedMember,
     RankPlan,
+    fill_checksums,
     merge_plans,
     pack_plan,
     packed_bytes,
@@ -72,7 +78,11 @@ class SaveReport:
 
 
 def plan_local(
-    state: Any, backend: Backend | None = None, rank: int = 0, size: int = 1
+    state: Any,
+    backend: Backend | None = None,
+    rank: int = 0,
+    size: int = 1,
+    deferred: dict[str, np.ndarray] | None = None,
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
@@ -84,6 +94,9 @@ def plan_local(
     and checksums every chunk, for the ranks to agree that their copies are the same.
     Local leaves of at most :data:`~hpckpt.model.layout.PACK_LIMIT` bytes that the
     backend stores exactly go into this rank's pack, one block with one checksum.
+    With ``deferred``, the checksums of host blocks stored exactly (and of the pack) are
+    left out of the plan (:data:`~hpckpt.model.layout.LATER`) and their arrays put in
+    ``deferred`` by path, to be checksummed while the data is made durable.
     """
     encode = backend.encode if backend is not None else None
     leaves = []
@@ -122,7 +135,9 @@ def plan_local(
             offset, own = chunks[rank][0], host[_rows(chunks[rank])]
             checksum = chunk_checksums[rank]
         encoded = encode(slot.path, own) if encode is not None else Encoded(own, None, own)
-        if checksum is None or encoded.restored is not own:
+        if checksum is None and deferred is not None and encoded.restored is own:
+            checksum, deferred[slot.path] = LATER, own
+        elif checksum is None or encoded.restored is not own:
             checksum = block_checksum(encoded.restored)
         arrays[slot.path] = encoded.stored
         leaves.append(
@@ -141,21 +156,38 @@ def plan_local(
             )
         )
     if members:
-        leaves.append(_pack(members, encode, arrays))
+        leaves.append(_pack(members, encode, arrays, deferred))
     return RankPlan(tuple(leaves), values), arrays
 
 
 def _pack(
     members: Sequence[tuple[PlannedMember, np.ndarray]], encode: Callable[[str, np.ndarray], Encoded] | None,
     arrays: dict[str, np.ndarray],
+    deferred: dict[str, np.ndarray] | None,
 ) -> LeafPlan:
-    """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``."""
+    """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``
+    (and the block into ``deferred``, when given, to be checksummed later)."""
     block = packed_bytes([host for _, host in members])
     encoded = encode(PACK_PATH, block) if encode is not None else Encoded(block, None, block)
     arrays[PACK_PATH] = encoded.stored
     stored_bytes = None if encoded.codec is None else encoded.stored.nbytes
     planned = [member for member, _ in members]
+    if deferred is not None:
+        deferred[PACK_PATH] = block
+        return pack_plan(planned, block.nbytes, LATER, stored_bytes, encoded.codec)
     return pack_plan(planned, block.nbytes, block_checksum(block), stored_bytes, encoded.codec)
+
+
+def sync_and_checksum(
+    directory: Path, names: Sequence[str], deferred: Mapping[str, np.ndarray]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """Fsync ``names`` under ``directory`` (their sizes after it) in a helper thread while
+    this one checksums the ``deferred`` arrays (by path): the disk writes back while the
+    CPU hashes, and neither holds the GIL. Not collective."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-fsync") as pool:
+        synced = pool.submit(sync_files, directory, names)
+        checksums = {path: block_checksum(array) for path, array in deferred.items()}
+        return synced.result(), checksums
 
 
 def _rows(box: Box) -> Any:
@@ -245,6 +277,8 @@ def save_coordinated(
     created = time.time()
     seconds: dict[str, float] = {}
     staged: dict[str, np.ndarray] = {}
+    delta_planned = incremental >= 2 or base is not None  # a delta compares checksums in the plan
+    deferred: dict[str, np.ndarray] = {}
 
     def timed(name: str, action: Callable[[], Any], agree: Callable[..., Any] = run_phase) -> Any:
         start = time.perf_counter()
@@ -255,7 +289,7 @@ def save_coordinated(
 
     def plan() -> tuple[int, RankPlan]:
         point("save.plan")
-        rank_plan, arrays = plan_local(state, backend, rank, comm.size)
+        rank_plan, arrays = plan_local(state, backend, rank, comm.size, None if delta_planned else deferred)
         staged.update(arrays)
         return step, rank_plan
 
@@ -266,7 +300,7 @@ def save_coordinated(
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
     merged, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
     delta: Delta | None = None
-    if incremental >= 2 or base is not None:
+    if delta_planned:
         base_manifest = timed(
             "base", lambda: choose_base(run_dir, step, incremental, base) if rank == 0 else None, gather_phase
         )[0]
@@ -293,11 +327,14 @@ def save_coordinated(
 
     files = timed("write", write)
 
-    def sync() -> dict[str, int]:
+    def sync() -> tuple[dict[str, int], dict[str, str]]:
         point("save.sync")
-        return sync_files(temp, backend.written_files(files, rank, comm.size))
+        return sync_and_checksum(temp, backend.written_files(files, rank, comm.size), deferred)
 
-    durable_sizes = merge_sizes(timed("sync", sync, gather_phase))
+    synced = timed("sync", sync, gather_phase)
+    durable_sizes = merge_sizes(sizes for sizes, _ in synced)
+    if not delta_planned:
+        records = fill_checksums(records, [checksums for _, checksums in synced])
     manifest = Manifest(
         step=step,
         protocol=protocol,

@@ -3,7 +3,15 @@
 import pytest
 
 from hpckpt import InvalidStateError
-from hpckpt.model.layout import MIN_REPLICATED_CHUNK, LeafPlan, RankPlan, merge_plans, replicated_chunks
+from hpckpt.model.layout import (
+    LATER,
+    MIN_REPLICATED_CHUNK,
+    LeafPlan,
+    RankPlan,
+    fill_checksums,
+    merge_plans,
+    replicated_chunks,
+)
 
 
 def dist(offset, shape, dtype="<f8", global_shape=(4,)):
@@ -62,3 +70,13 @@ def test_disagreements(second, message):
 def test_plain_values_must_agree():
     with pytest.raises(InvalidStateError, match=r"plain value 'it' is 1 on rank 0 but 2 on rank 1"):
         merge_plans([RankPlan((), {"it": 1}), RankPlan((), {"it": 2})])
+
+
+def test_pending_checksums_are_filled_from_each_ranks_report():
+    plans = [RankPlan((LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), LATER),), {}),
+             RankPlan((LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER),), {})]  # fmt: skip
+    records, _ = merge_plans(plans)
+    (filled,) = fill_checksums(records, [{"u": "aa"}, {"u": "bb"}])
+    assert [block.checksum for block in filled.blocks] == ["aa", "bb"]
+    done = merge_plans([RankPlan((dist((0,), (4,)),), {})])[0]
+    assert fill_checksums(done, [{}]) == done  # nothing pending: unchanged

@@ -194,3 +194,24 @@ def test_a_manifest_whose_pack_does_not_describe_its_bytes_is_corrupt(change, pr
         body["leaves"][0]["blocks"][0]["shape"] = [48]
     with warnings.catch_warnings(), pytest.raises(CorruptCheckpointError, match=problem):
         Manifest.from_json(json.dumps(body), "evil.json")
+
+
+@pytest.mark.parametrize("incremental", [0, 2])
+def test_host_checksums_wait_for_the_sync_unless_a_delta_compares_them(tmp_path, incremental):
+    import xxhash
+
+    from hpckpt.model.layout import LATER
+    from hpckpt.protocols.coordinated import plan_local
+
+    state = small_state(4)
+    deferred: dict = {}
+    plan, _ = plan_local(state, None, 0, 1, deferred)
+    assert {leaf.path for leaf in plan.leaves if leaf.checksum == LATER} == {"big", "field", PACK_PATH} == set(deferred)
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, incremental=incremental) as checkpointer:
+        checkpointer.save(1, state)
+        checkpointer.save(2, state)
+    reader = hpckpt.CheckpointReader(tmp_path / "run")
+    assert reader.verify(1) == [] and reader.verify(2) == []
+    big = reader.record("big", 2).blocks[0]
+    assert big.checksum == xxhash.xxh3_64_hexdigest(state["big"].array.tobytes())
+    assert ("in_step" in big.location) == (incremental == 2)  # the delta found the unchanged block
