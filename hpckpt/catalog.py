@@ -19,7 +19,7 @@ import numpy as np
 from .buffers.bfloat16 import BFLOAT16, as_bfloat16
 from .errors import CorruptCheckpointError
 from .model.boxes import local_slices
-from .model.manifest import PACKED, Block, LeafRecord, Manifest, stored_file
+from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .model.reads import is_member, member_bytes
 from .storage import open_backend
 from .storage.base import Backend, BlockData
@@ -160,7 +160,8 @@ class CheckpointReader:
     def _pack_block(self, step: int, rank: int, backend: str) -> np.ndarray:
         key = (step, rank)
         if key not in self._packs:
-            pack = next(record for record in self.manifest(step).leaves if record.encoding == PACKED)
+            pack = self.manifest(step).pack
+            assert pack is not None  # a member's block exists only where a pack does
             self._packs[key] = self.read_block(pack, pack.block_of(rank), step, backend=backend)
             while len(self._packs) > 1 and sum(b.nbytes for b in self._packs.values()) > PACK_CACHE_BYTES:
                 del self._packs[next(iter(self._packs))]  # the oldest

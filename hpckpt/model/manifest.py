@@ -150,6 +150,11 @@ class Manifest:
     delta_base: int | None = None
     delta_chain: int = 0
 
+    @property
+    def pack(self) -> LeafRecord | None:
+        """The record of the step's packed small leaves (encoding :data:`PACKED`), if any."""
+        return next((record for record in self.leaves if record.encoding == PACKED), None)
+
     @functools.cached_property
     def tree_leaves(self) -> tuple[LeafRecord, ...]:
         """The array leaves of the saved state tree: :attr:`leaves` (what is stored) with
@@ -174,8 +179,7 @@ class Manifest:
         """
         body = {field_.name: getattr(self, field_.name) for field_ in fields(self)}
         body["leaves"] = [_leaf_dict(record) for record in self.leaves]
-        packed = any(record.encoding == PACKED for record in self.leaves)
-        version = PACKED_VERSION if packed else INCREMENTAL_VERSION if self.incremental else 1
+        version = PACKED_VERSION if self.pack is not None else INCREMENTAL_VERSION if self.incremental else 1
         body = {"format": FORMAT_NAME, "version": version, **body}
         # No indent: Python's C encoder then does the work (10,000 leaves: 0.05 s, not 1 s).
         text = json.dumps(body, sort_keys=True, separators=(",", ":")) + "\n"

@@ -171,11 +171,10 @@ def _pack(
     encoded = encode(PACK_PATH, block) if encode is not None else Encoded(block, None, block)
     arrays[PACK_PATH] = encoded.stored
     stored_bytes = None if encoded.codec is None else encoded.stored.nbytes
-    planned = [member for member, _ in members]
     if deferred is not None:
         deferred[PACK_PATH] = block
-        return pack_plan(planned, block.nbytes, LATER, stored_bytes, encoded.codec)
-    return pack_plan(planned, block.nbytes, block_checksum(block), stored_bytes, encoded.codec)
+    checksum = LATER if deferred is not None else block_checksum(block)
+    return pack_plan([member for member, _ in members], block.nbytes, checksum, stored_bytes, encoded.codec)
 
 
 def sync_and_checksum(

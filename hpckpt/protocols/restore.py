@@ -36,7 +36,7 @@ from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
 from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
-from ..model.manifest import IN_STEP, PACKED, Block, LeafRecord, Manifest, describe_encoding
+from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
 from ..model.reads import LocalSource, Overlap, is_member, local_source, member_bytes, overlaps
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
@@ -368,7 +368,7 @@ class _PackReads:
     """One read of each pack block that this rank's packed leaves are in."""
 
     def __init__(self, manifest: Manifest) -> None:
-        self._pack = next((record for record in manifest.leaves if record.encoding == PACKED), None)
+        self._pack = manifest.pack
         self._reads: dict[int, BlockData] = {}
 
     def of(self, rank: int) -> BlockData:
