@@ -2,7 +2,6 @@
 as ordinary Local leaves by restore, CheckpointReader, inspect and verify."""
 
 import json
-import subprocess
 import sys
 import warnings
 
@@ -14,6 +13,7 @@ import hpckpt
 from hpckpt import CorruptCheckpointError, InvalidStateError
 from hpckpt.model.layout import PACK_LIMIT, LeafPlan, RankPlan, merge_plans, pack_plan
 from hpckpt.model.manifest import PACK_PATH, PACKED, Manifest, Member
+from tests.processes import run_group
 
 BACKENDS = ["posix", "hdf5", "adios2"]
 
@@ -81,7 +81,9 @@ def test_the_reader_inspect_and_verify_see_packed_leaves_as_local_leaves(tmp_pat
     assert reader.record("params/w005").kind == "local"
     assert reader.verify(1) == []
     cli = [sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "run"), "--json"]
-    shown = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True).stdout)
+    result = run_group(cli, timeout=60)  # its own process group, killed whole on a timeout
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
     leaves = {leaf["path"]: leaf for leaf in shown["leaves"]}
     assert PACK_PATH not in leaves and len(leaves) == 305
     assert leaves["params/w005"]["blocks"][0]["packed"] and not leaves["big"]["blocks"][0]["packed"]
