@@ -8,6 +8,7 @@ bfloat16 arrays are viewed as their uint16 bits (:mod:`hpckpt.buffers.bfloat16`)
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,19 @@ from .bfloat16 import is_bfloat16, numpy_bits
 from .device import device_layout, is_device_array
 
 STORABLE_KINDS = "biufc"
+PAGE = 4096
+ALIGNED_FROM = 1 << 20  # smaller arrays come from NumPy's allocator
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array of at least 1 MiB whose data starts on a page boundary
+    (anonymous memory mapped for it, unmapped with the array), so that direct I/O
+    (:mod:`hpckpt.storage.direct`) writes it with no copy; a smaller one from NumPy."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes < ALIGNED_FROM:
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
 def _numpy_view(array: Any) -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 from .._comm import prepare_watchdog
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
-from ..buffers.host import as_host_array
+from ..buffers.host import aligned_empty, as_host_array
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
 from ..model.tree import copy_containers, flatten
 from .coordinated import SaveReport
@@ -90,7 +90,7 @@ def _copy_into_buffer(array: Any, path: str, buffers: dict[str, np.ndarray], cop
     host = as_host_array(array, path)
     buffer = buffers.get(path)
     if buffer is None or buffer.shape != host.shape or buffer.dtype != host.dtype:
-        buffer = np.empty_like(host)
+        buffer = aligned_empty(host.shape, host.dtype)  # page-aligned: written with no bounce copy
         buffers[path] = buffer
     np.copyto(buffer, host)
     return buffer

@@ -4,7 +4,8 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
 
 - a distributed or replicated leaf ``a/b`` is the dataset ``/a/b`` holding the whole
   global array, contiguous; each rank writes its hyperslab's bytes at the dataset's file
-  offset with ``pwrite`` (rank 0 creates the file and the datasets first);
+  offset (rank 0 creates the file and the datasets first), whole pages of large
+  blocks with direct I/O (:mod:`hpckpt.storage.direct`);
 - a local leaf ``a/b`` is the group ``/a/b`` with one dataset per rank, ``rank-00003``;
 - every dataset (or local group) has the attribute ``hpckpt_kind``.
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ import numpy as np
 from .._checks import require_count
 from .._comm import await_everyone
 from ..model.manifest import Block, LeafRecord
+from . import direct
 from .base import Backend, BlockData
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ class HDF5Backend(Backend):
         striping, :mod:`hpckpt.storage.lustre`, sets the files' layout.)
     alignment_threshold
         The smallest dataset that is aligned (default 64 KiB).
+    direct_io
+        Write whole pages of large blocks with direct I/O (default), the rest through
+        the page cache (:mod:`hpckpt.storage.direct`); False: everything buffered.
     """
 
     name = "hdf5"
@@ -84,12 +88,14 @@ class HDF5Backend(Backend):
         self,
         alignment: int | None = None,
         alignment_threshold: int = 65536,
+        direct_io: bool = True,
     ) -> None:
         self._h5py = _h5py()
         for name, value in (("alignment", alignment), ("alignment_threshold", alignment_threshold)):
             if value is not None:
                 require_count(value, f"hdf5 backend: {name}", 1)
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
+        self.direct_io = bool(direct_io)
 
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
@@ -108,7 +114,8 @@ class HDF5Backend(Backend):
         Rank 0 creates the file and every dataset with serial HDF5, contiguous and
         allocated at once (or reuses a recycled file of the same layout), and sends each
         dataset's file offset; each rank then writes the C-order runs of its blocks at
-        those offsets with ``os.pwrite``: no HDF5, no MPI and no GIL in the data path, so
+        those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
+        no GIL in the data path, so
         a save in a background thread cannot deadlock with the application's MPI calls.
         """
         path = directory / FILE_NAME
@@ -129,13 +136,9 @@ class HDF5Backend(Backend):
             raise error
         if failure is not None:
             raise OSError(f"rank 0 could not lay out {path}: {failure}")
-        descriptor = os.open(path, os.O_WRONLY)
-        try:
-            for data in blocks:
-                if data.block.size:
-                    _write_runs(descriptor, data, offsets[_dataset_name(data.record, data.block)])
-        finally:
-            os.close(descriptor)
+        pieces = [piece for data in blocks if data.block.size
+                  for piece in _file_pieces(data, offsets[_dataset_name(data.record, data.block)])]  # fmt: skip
+        direct.write_pieces(path, pieces, self.direct_io)
         return [FILE_NAME]
 
     def _lay_out_file(self, path: Path, records: Sequence[LeafRecord]) -> dict[str, int | None]:
@@ -339,26 +342,20 @@ def file_runs(global_shape: tuple[int, ...], offset: tuple[int, ...], shape: tup
     return starts + offset[axis] * strides[axis], int(shape[axis] * strides[axis])
 
 
-def _write_runs(descriptor: int, data: BlockData, dataset_offset: int | None) -> None:
-    """Write ``data``'s bytes into its dataset, whose storage starts at ``dataset_offset``."""
+def _file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int, memoryview]]:
+    """Where ``data``'s bytes go in the file, whose dataset storage starts at
+    ``dataset_offset``: (file offset, bytes) of each contiguous run."""
     record, block = data.record, data.block
     if dataset_offset is None:
         raise OSError(f"dataset {_dataset_name(record, block)} has no contiguous storage to write into")
     itemsize = np.dtype(record.dtype).itemsize
     raw = data.array.reshape(-1).view(np.uint8).data
     if _per_rank(record, block):
-        _pwrite_all(descriptor, raw, dataset_offset)
-        return
+        return [(dataset_offset, raw)]
     starts, run = file_runs(record.whole_shape, block.offset, block.shape)
     run_bytes = run * itemsize
-    for index, start in enumerate(starts.tolist()):
-        _pwrite_all(descriptor, raw[index * run_bytes : (index + 1) * run_bytes], dataset_offset + start * itemsize)
-
-
-def _pwrite_all(descriptor: int, data: memoryview, offset: int) -> None:
-    while data:
-        written = os.pwrite(descriptor, data, offset)
-        data, offset = data[written:], offset + written
+    return [(dataset_offset + start * itemsize, raw[index * run_bytes : (index + 1) * run_bytes])
+            for index, start in enumerate(starts.tolist())]  # fmt: skip
 
 
 def _read_box(dataset_id: Any, offset: tuple[int, ...], out: np.ndarray) -> None:

@@ -19,8 +19,9 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
   smallest tolerance of the matching patterns); their checksums are of the
   reconstruction a restore gives back.
 
-Every rank writes its own segment with ``pwrite`` (the sync phase fsyncs it); no two ranks write
-the same byte. A file already in the step directory (recycled from a deleted step by
+Every rank writes its own segment (the sync phase fsyncs it); no two ranks write the same
+byte. Whole pages of large blocks are written with direct I/O, the rest through the page
+cache (:mod:`hpckpt.storage.direct`; ``direct_io=False`` writes everything buffered). A file already in the step directory (recycled from a deleted step by
 retention) is overwritten in place, not truncated, and cut to its new size after: its
 disk blocks are reused instead of freed and allocated again. Reads use ``preadv``
 straight into the destination array.
@@ -38,7 +39,7 @@ import numpy as np
 
 from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
-from . import codec
+from . import codec, direct
 from .base import Backend, BlockData, Encoded
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     from .lustre import Striping
 
 _MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
-_MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -90,12 +90,14 @@ class PosixBackend(Backend):
         segment_alignment: int = 1 << 20,
         compression: str | None = None,
         lossy: Mapping[str, float] | None = None,
+        direct_io: bool = True,
     ) -> None:
         self.ranks_per_file = _positive_int("ranks_per_file", ranks_per_file)
         self.block_alignment = _positive_int("block_alignment", block_alignment)
         self.segment_alignment = _positive_int("segment_alignment", segment_alignment)
         self.compression = codec.check_codec(compression)
         self.lossy = codec.check_lossy(lossy)
+        self.direct_io = bool(direct_io)
 
     def encode(self, path: str, array: np.ndarray) -> Encoded:
         """How ``array`` (a block of leaf ``path``) is stored. Not collective."""
@@ -172,14 +174,11 @@ class PosixBackend(Backend):
                 by_file.setdefault(data.block.location["file"], []).append(data)
         ends = _file_ends(records)
         for name, contents in by_file.items():
-            descriptor = os.open(directory / name, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                for offset, views in _contiguous_runs(contents):
-                    _write_all(descriptor, views, offset)
-                if os.fstat(descriptor).st_size > ends.get(name, 0):  # a recycled file, longer than needed
-                    os.ftruncate(descriptor, ends.get(name, 0))
-            finally:
-                os.close(descriptor)
+            path = directory / name
+            pieces = [(data.block.location["offset"], data.array.reshape(-1).view(np.uint8).data) for data in contents]
+            direct.write_pieces(path, pieces, self.direct_io)
+            if path.stat().st_size > ends.get(name, 0):  # a recycled file, longer than needed
+                os.truncate(path, ends.get(name, 0))
         return names
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
@@ -225,41 +224,6 @@ def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
             name, end = block.location["file"], block.location["offset"] + _stored_size(record, block)
             ends[name] = max(ends.get(name, 0), end)
     return ends
-
-
-def _contiguous_runs(contents: Sequence[BlockData]) -> Iterator[tuple[int, list[memoryview]]]:
-    """The blocks' bytes as runs that follow each other in the file: (offset, views).
-
-    One ``pwritev`` per run instead of one ``pwrite`` per block: 10,000 small
-    blocks cost 20 calls. A run holds at most ``_MAX_VIEWS`` buffers and ``_MAX_IO`` bytes.
-    """
-    run: list[memoryview] = []
-    start = end = 0
-    for data in sorted(contents, key=lambda data: data.block.location["offset"]):
-        view = data.array.reshape(-1).view(np.uint8).data
-        offset = data.block.location["offset"]
-        if run and (offset != end or len(run) == _MAX_VIEWS or end - start + len(view) > _MAX_IO):
-            yield start, run
-            run = []
-        if not run:
-            start = end = offset
-        run.append(view)
-        end += len(view)
-    if run:
-        yield start, run
-
-
-def _write_all(descriptor: int, views: list[memoryview], offset: int) -> None:
-    """Write ``views`` one after the other from ``offset`` (``pwritev``, resumed after short writes)."""
-    first = 0
-    while first < len(views):
-        done = os.pwritev(descriptor, views[first:], offset)
-        offset += done
-        while first < len(views) and done >= len(views[first]):
-            done -= len(views[first])
-            first += 1
-        if done:
-            views[first] = views[first][done:]
 
 
 def _read_all(descriptor: int, array: np.ndarray, offset: int, path: Path) -> None:

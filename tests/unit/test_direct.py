@@ -1,0 +1,97 @@
+"""storage/direct.py: large pieces go out with direct I/O, everything else buffered, and the
+file holds exactly the bytes asked for, on the repository's file system and on tmpfs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpckpt.buffers.host import ALIGNED_FROM, PAGE, aligned_empty
+from hpckpt.storage import direct
+
+LARGE = direct.DIRECT_MIN + 3 * PAGE + 777  # large enough for direct I/O, unaligned length
+
+
+def _file_systems(tmp_path: Path) -> list[Path]:
+    shm = Path("/dev/shm")
+    places = [tmp_path]
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        places.append(Path(os.path.realpath(shm)))
+    return places
+
+
+@pytest.fixture(params=["disk", "tmpfs"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    places = _file_systems(tmp_path)
+    if request.param == "tmpfs" and len(places) < 2:
+        pytest.fail("/dev/shm (tmpfs) is needed and not writable")
+    root = places[0 if request.param == "disk" else 1]
+    directory = root if request.param == "disk" else root / f"hpckpt-direct-{os.getpid()}"
+    directory.mkdir(exist_ok=True)
+    yield directory
+    if request.param == "tmpfs":
+        for entry in directory.iterdir():
+            entry.unlink()
+        directory.rmdir()
+
+
+def _random(count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=count, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("aligned_memory", [True, False])
+def test_pieces_land_exactly_with_unaligned_heads_and_tails(place: Path, aligned_memory: bool) -> None:
+    large = _random(LARGE, 1)
+    if aligned_memory:
+        source = aligned_empty((LARGE,), np.uint8)
+        source[:] = large
+    else:
+        source = np.empty(LARGE + 16, np.uint8)[16:]  # NumPy's 16-byte alignment, not a page's
+        source[:] = large
+        assert source.ctypes.data % PAGE
+    small = _random(5000, 2)
+    second = _random(LARGE, 3)
+    path = place / "data.bin"
+    path.write_bytes(b"\xff" * 100)  # an existing file is written over, never truncated
+    pieces = [(100, source.data), (100 + LARGE, small.data), (100 + LARGE + 5000 + 3, second.data)]
+    written_directly = direct.write_pieces(path, pieces)
+    stored = np.fromfile(path, np.uint8)
+    assert len(stored) == 100 + LARGE + 5003 + LARGE
+    assert (stored[:100] == 0xFF).all()
+    assert np.array_equal(stored[100 : 100 + LARGE], large)
+    assert np.array_equal(stored[100 + LARGE : 100 + LARGE + 5000], small)
+    assert (stored[100 + LARGE + 5000 : 100 + LARGE + 5003] == 0).all()
+    assert np.array_equal(stored[100 + LARGE + 5003 :], second)
+    # Both large pieces went out directly, but for their partial first and last pages.
+    first_pages = (100 + LARGE) // PAGE * PAGE - (-(-100 // PAGE) * PAGE)
+    start = 100 + LARGE + 5003
+    second_pages = (start + LARGE) // PAGE * PAGE - (-(-start // PAGE) * PAGE)
+    assert written_directly == first_pages + second_pages
+
+
+def test_small_pieces_and_direct_off_are_buffered(place: Path) -> None:
+    large, small = _random(LARGE, 4), _random(direct.DIRECT_MIN - 1, 5)
+    path = place / "buffered.bin"
+    assert direct.write_pieces(path, [(0, large.data)], direct=False) == 0
+    assert direct.write_pieces(path, [(LARGE, small.data)]) == 0
+    assert np.array_equal(np.fromfile(path, np.uint8), np.concatenate([large, small]))
+
+
+def test_an_empty_list_creates_the_file(place: Path) -> None:
+    path = place / "empty.bin"
+    assert direct.write_pieces(path, []) == 0
+    assert path.stat().st_size == 0
+
+
+def test_aligned_empty_starts_on_a_page_and_small_arrays_come_from_numpy() -> None:
+    big = aligned_empty((ALIGNED_FROM // 8, 3), np.float64)
+    assert big.shape == (ALIGNED_FROM // 8, 3) and big.dtype == np.float64 and big.flags.writeable
+    assert big.ctypes.data % PAGE == 0
+    big[:] = 1.5
+    assert float(big.sum()) == 1.5 * big.size
+    small = aligned_empty((3,), np.int32)
+    assert small.shape == (3,) and small.dtype == np.int32
+    assert aligned_empty((0, 5), np.float32).shape == (0, 5)
