@@ -21,9 +21,10 @@ Layout of a step directory with ``ranks_per_file=k`` (default 1: one file per ra
 
 Every rank writes its own segment (the sync phase fsyncs it); no two ranks write the same
 byte. Whole pages of large blocks are written with direct I/O, the rest through the page
-cache (:mod:`hpckpt.storage.direct`; ``direct_io=False`` writes everything buffered). A file already in the step directory (recycled from a deleted step by
-retention) is overwritten in place, not truncated, and cut to its new size after: its
-disk blocks are reused instead of freed and allocated again. Reads use ``preadv``
+cache (:mod:`hpckpt.storage.direct`; ``direct_io=False`` writes everything buffered).
+A file already in the step directory (recycled from a deleted step by retention) is
+overwritten in place, not truncated, and cut to its new size after: its disk blocks
+are reused instead of freed and allocated again. Reads use ``preadv``
 straight into the destination array.
 """
 
