@@ -83,6 +83,20 @@ def write_raw(path: Path, block: np.ndarray, *, truncate: bool = True) -> None:
         os.close(descriptor)
 
 
+def write_raw_direct(path: Path, block: np.ndarray, aligned: np.ndarray, *, truncate: bool = True) -> None:
+    """``block``'s bytes into ``path`` with direct I/O: copied into ``aligned`` (page-aligned,
+    as large as ``block``, allocated by the caller), one ``O_DIRECT`` write at offset 0,
+    then fsync. Not collective. ``block.nbytes`` must be a multiple of 4096."""
+    np.copyto(aligned.reshape(-1).view(np.uint8), block.reshape(-1).view(np.uint8))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_DIRECT | (os.O_TRUNC if truncate else 0)
+    descriptor = os.open(path, flags, 0o644)
+    try:
+        os.pwrite(descriptor, memoryview(aligned).cast("B"), 0)
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def write_plain_h5py(comm: MPI.Comm, path: Path, block: np.ndarray) -> None:
     """Plain h5py: this rank's rows of one shared dataset, collective, flushed. Collective."""
     import h5py

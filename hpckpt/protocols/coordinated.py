@@ -14,7 +14,8 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
 4. ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes
-   until then) while it checksums its other blocks, and reports sizes and checksums.
+   until then) and reports sizes and the checksums of its other blocks, computed by a
+   helper thread since the write began.
 5. ``commit``: rank 0 records the largest sizes, writes the manifest last and renames
    the step into place; then ``retain`` deletes old steps (only after a successful
    commit).
@@ -26,9 +27,8 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,7 +96,7 @@ def plan_local(
     backend stores exactly go into this rank's pack, one block with one checksum.
     With ``deferred``, the checksums of host blocks stored exactly (and of the pack) are
     left out of the plan (:data:`~hpckpt.model.layout.LATER`) and their arrays put in
-    ``deferred`` by path, to be checksummed while the data is made durable.
+    ``deferred`` by path, to be checksummed while the data is written and made durable.
     """
     encode = backend.encode if backend is not None else None
     leaves = []
@@ -177,16 +177,19 @@ def _pack(
     return pack_plan([member for member, _ in members], block.nbytes, checksum, stored_bytes, encoded.codec)
 
 
-def sync_and_checksum(
-    directory: Path, names: Sequence[str], deferred: Mapping[str, np.ndarray]
-) -> tuple[dict[str, int], dict[str, str]]:
-    """Fsync ``names`` under ``directory`` (their sizes after it) in a helper thread while
-    this one checksums the ``deferred`` arrays (by path): the disk writes back while the
-    CPU hashes, and neither holds the GIL. Not collective."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-fsync") as pool:
-        synced = pool.submit(sync_files, directory, names)
-        checksums = {path: block_checksum(array) for path, array in deferred.items()}
-        return synced.result(), checksums
+def checksum_in_background(deferred: Mapping[str, np.ndarray]) -> Future[dict[str, str]]:
+    """Start checksumming the ``deferred`` arrays (by path) in a helper thread; their
+    checksums by path come from the returned future. Not collective.
+
+    The save starts it before its write and collects it after the fsync, so the hashing
+    runs while the disk is busy: during a direct write, which leaves little for the
+    fsync, as much as during the write-back of a buffered one (xxh3 releases the GIL).
+    """
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-checksum")
+    try:
+        return pool.submit(lambda: {path: block_checksum(array) for path, array in deferred.items()})
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _rows(box: Box) -> Any:
@@ -311,6 +314,7 @@ def save_coordinated(
     timed("prepare", lambda: run_dir.prepare(step, needed) if rank == 0 else None)
     temp = run_dir.temp_path(step)
     own_blocks = blocks_of_rank(records, staged, rank)
+    checksums = checksum_in_background(deferred)
 
     def write() -> list[str]:
         try:
@@ -328,7 +332,7 @@ def save_coordinated(
 
     def sync() -> tuple[dict[str, int], dict[str, str]]:
         point("save.sync")
-        return sync_and_checksum(temp, backend.written_files(files, rank, comm.size), deferred)
+        return sync_files(temp, backend.written_files(files, rank, comm.size)), checksums.result()
 
     synced = timed("sync", sync, gather_phase)
     durable_sizes = merge_sizes(sizes for sizes, _ in synced)
