@@ -17,8 +17,11 @@ protocol calls:
 
 and per restored step:
 
-3. ``read(directory, requests)`` on each rank independently, whole stored blocks only;
-   a missing file, variable or dataset raises ``KeyError`` or ``OSError``.
+3. ``read(directory, requests, landed)`` on each rank independently, whole stored
+   blocks only; a missing file, variable or dataset raises ``KeyError`` or ``OSError``.
+   ``landed(request, n)``, when given, is called each time the first ``n`` bytes of a
+   request's array are in place (in increasing order), so that the reader can
+   checksum them while the rest is read.
 
 Backends derive from :class:`Backend`, which declares their optional capabilities.
 """
@@ -56,6 +59,9 @@ class BlockData:
     record: LeafRecord
     block: Block
     array: np.ndarray
+
+
+Landed = Callable[[BlockData, int], None]  # (request, bytes of its array now in place from the start)
 
 
 class Backend:
@@ -109,8 +115,9 @@ class Backend:
         """Write ``blocks``; return the step's file names. Collective over ``comm``."""
         raise NotImplementedError
 
-    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
-        """Fill each request's ``array`` with its stored block. Independent, per rank."""
+    def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
+        """Fill each request's ``array`` with its stored block (``landed``: see the module).
+        Independent, per rank."""
         raise NotImplementedError
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..model.manifest import Block, LeafRecord
 from .adios2_writer import BP5Step
-from .base import Backend, BlockData
+from .base import Backend, BlockData, Landed
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -183,8 +183,9 @@ class ADIOS2Backend(Backend):
         prefix = DIRECTORY_NAME + "/"
         return [name for name in files if name.startswith(prefix) and not _DATA_FILE.match(name[len(prefix):])]
 
-    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
-        """Fill each request's ``array`` from ``data.bp``. Independent (serial ADIOS2)."""
+    def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
+        """Fill each request's ``array`` from ``data.bp``, reporting each whole one to
+        ``landed``. Independent (serial ADIOS2)."""
         requests = [request for request in requests if request.block.size]
         if not requests:
             return
@@ -199,6 +200,8 @@ class ADIOS2Backend(Backend):
         try:
             for request in requests:
                 self._get(io, engine, path, request)
+                if landed is not None:
+                    landed(request, request.array.nbytes)
         finally:
             engine.Close()
 

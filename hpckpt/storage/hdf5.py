@@ -34,7 +34,7 @@ from .._checks import require_count
 from .._comm import await_everyone
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .base import Backend, BlockData
+from .base import Backend, BlockData, Landed
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -188,8 +188,9 @@ class HDF5Backend(Backend):
         self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
         return {record.location["dataset"]: dataset_id}
 
-    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
-        """Fill each request's ``array`` from ``data.h5``. Independent (not collective)."""
+    def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
+        """Fill each request's ``array`` from ``data.h5``, reporting each whole one to
+        ``landed``. Independent (not collective)."""
         if not requests:
             return
         path = directory / FILE_NAME
@@ -202,6 +203,8 @@ class HDF5Backend(Backend):
                 dataset_id = _open(h5, name)
                 _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size)
                 _read_box(dataset_id, (0,) * len(expected) if _per_rank(record, block) else block.offset, request.array)
+                if landed is not None:
+                    landed(request, request.array.nbytes)
 
 
 def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int) -> None:

@@ -41,14 +41,14 @@ import numpy as np
 from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
 from . import codec, direct
-from .base import Backend, BlockData, Encoded
+from .base import Backend, BlockData, Encoded, Landed
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .lustre import Striping
 
-_MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
+_READ_PIECE = 128 << 20  # bytes per read, each checksummed while the next is read (smaller pieces read slower)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -186,8 +186,9 @@ class PosixBackend(Backend):
         """The file of ``rank``'s segment (every file when one process wrote them all)."""
         return list(files) if size == 1 else [name for name in files if name == self.file_of(rank)]
 
-    def read(self, directory: Path, requests: Sequence[BlockData]) -> None:
-        """Fill each request's ``array`` from its file and offset. Independent."""
+    def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
+        """Fill each request's ``array`` from its file and offset, reporting each
+        :data:`_READ_PIECE` bytes to ``landed``. Independent."""
         descriptors: dict[str, int] = {}
         try:
             for request in requests:
@@ -196,10 +197,11 @@ class PosixBackend(Backend):
                     descriptors[name] = os.open(directory / name, os.O_RDONLY)
                 location = request.block.location
                 if location.get("codec") is None:
-                    _read_all(descriptors[name], request.array, location["offset"], directory / name)
+                    _read_all(descriptors[name], request, location["offset"], directory / name, landed)
                     continue
                 stored = np.empty(int(location["stored_bytes"]), dtype=np.uint8)
-                _read_all(descriptors[name], stored, location["offset"], directory / name)
+                _read_all(descriptors[name], BlockData(request.record, request.block, stored), location["offset"],
+                          directory / name)
                 try:
                     codec.decode_as(location["codec"], stored, request.array)
                 except ValueError as exc:
@@ -207,6 +209,8 @@ class PosixBackend(Backend):
                         f"leaf {request.record.path!r}, block of rank {request.block.rank} in {directory / name} "
                         f"at byte {location['offset']}: {exc}"
                     ) from exc
+                if landed is not None:
+                    landed(request, request.array.nbytes)
         finally:
             for descriptor in descriptors.values():
                 os.close(descriptor)
@@ -227,13 +231,18 @@ def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
     return ends
 
 
-def _read_all(descriptor: int, array: np.ndarray, offset: int, path: Path) -> None:
+def _read_all(descriptor: int, request: BlockData, offset: int, path: Path, landed: Landed | None = None) -> None:
+    """Fill ``request.array`` from ``offset``, in pieces of :data:`_READ_PIECE` bytes
+    reported to ``landed``."""
+    array = request.array
     if not array.flags.c_contiguous:
         raise ValueError("posix backend reads only into C-contiguous arrays")
     view = array.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
-        count = os.preadv(descriptor, [view[done : done + _MAX_IO]], offset + done)
+        count = os.preadv(descriptor, [view[done : done + _READ_PIECE]], offset + done)
         if count == 0:
             raise OSError(f"{path} ends at byte {offset + done}, expected {len(view) - done} more bytes there")
         done += count
+        if landed is not None:
+            landed(request, done)

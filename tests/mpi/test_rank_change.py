@@ -68,9 +68,9 @@ class RecordingBackend(Backend):
     def write(self, comm, directory, records, blocks):
         return self.inner.write(comm, directory, records, blocks)
 
-    def read(self, directory, requests):
+    def read(self, directory, requests, landed=None):
         self.reads += [(request.record.path, request.block.rank) for request in requests]
-        self.inner.read(directory, requests)
+        self.inner.read(directory, requests, landed)
 
 
 def group(world, size: int):
