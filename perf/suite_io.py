@@ -80,12 +80,17 @@ def measure(
     comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int, before: Callable[[str], None] | None = None
 ) -> dict[str, list[float]]:
     """Seconds of each way on the slowest rank, ``repeat`` rounds after ``WARM_UP`` untimed
-    ones, interleaved; ``before(way)`` runs untimed before each. Collective."""
+    ones, interleaved; ``before(way)`` runs untimed before each, then a file-system sync
+    (untimed), so that no way pays for the write-back or the discards of the way before
+    it (a recycled ADIOS2 subfile is truncated at open: its freed blocks were discarded
+    during the next way's write). Collective."""
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(WARM_UP + repeat):
         for name, action in ways.items():
             if before is not None:
                 before(name)
+            comm.Barrier()
+            os.sync()
             comm.Barrier()
             elapsed = timed(comm, action)
             if round_ >= WARM_UP:
@@ -201,9 +206,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
                 shutil.rmtree(entry)
             elif entry.exists():
                 entry.unlink()
-        comm.Barrier()
-        os.sync()  # the deletion's journal commit and discards, untimed: not charged to the next way
-        comm.Barrier()
+        comm.Barrier()  # measure() then syncs: the deletion's discards are not charged to the next way
 
     results["save_new"] = summary(measure(comm, new, repeat, delete_output), total, ("raw new", "raw direct new"))
     in_place: dict[str, Callable[[], object]] = {

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import abort_job, await_everyone, describe_failure, gather_phase, io_deadline, run_phase
+from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
@@ -250,6 +251,7 @@ def choose_base(run_dir: RunDirectory, step: int, every: int, base: int | None) 
     return newest if newest.delta_chain + 1 < every else None
 
 
+@collection_paused()
 def save_coordinated(
     comm: MPI.Comm,
     run_dir: RunDirectory,

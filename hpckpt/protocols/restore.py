@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import gather_phase, run_phase
+from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.device import STAGER, is_device_array
@@ -92,6 +93,7 @@ def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
     return gather_phase(comm, "list steps", lambda: run_dir.committed_steps() if comm.rank == 0 else [])[0]
 
 
+@collection_paused()
 def restore_newest(
     comm: MPI.Comm,
     run_dir: RunDirectory,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpckpt"
 LAYERS = [  # lowest first; a module's layer is the longest prefix listed
-    ("base", ["hpckpt._checks", "hpckpt._hooks", "hpckpt.errors", "hpckpt.checksum", "hpckpt._comm",
+    ("base", ["hpckpt._checks", "hpckpt._hooks", "hpckpt._gc", "hpckpt.errors", "hpckpt.checksum", "hpckpt._comm",
               "hpckpt.progress", "hpckpt.schedule", "hpckpt.slurm"]),
     ("model", ["hpckpt.model"]),
     ("buffers and storage", ["hpckpt.buffers", "hpckpt.storage"]),
