@@ -3,53 +3,27 @@ with raw writes, into new files and over earlier files (one MPI run).
 
     mpiexec -n 2 .venv/bin/python perf/bench_direct.py --mib 512 --repeat 5 --dir .bench-direct
 
-Every save is durable (fsync'd) before its time is taken; each way is preceded by an
-untimed file-system sync (and, for new files, the deletion of its previous output), so
-that no way pays for the write-back or the discards of the one before. Ratios are to
-the faster raw write of the same case: ``pwrite`` + fsync, or a copy into page-aligned
-memory + one ``O_DIRECT`` write + fsync.
+Measured as the suite measures (``suite_io.measure``): every save durable before its
+time is taken, an untimed file-system sync before each way (and, for new files, the
+deletion of its previous output). Ratios are to the faster raw write of the same case:
+``pwrite`` + fsync, or a copy into page-aligned memory + one ``O_DIRECT`` write + fsync.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import statistics
 from collections.abc import Callable
 
 from mpi4py import MPI
+from suite_io import WARM_UP, measure, show, summary
 
 import hpckpt
 from hpckpt.buffers.host import aligned_empty
 
-from common import fresh_directory, rank_rows, timed, write_raw, write_raw_direct
+from common import fresh_directory, rank_rows, write_raw
 
 BACKENDS = ("posix", "hdf5")
-WARM_UP = 2
-
-
-def run_case(comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int,
-             before: Callable[[str], None]) -> dict[str, list[float]]:
-    """Seconds of each way (slowest rank), interleaved, after ``WARM_UP`` untimed rounds."""
-    seconds: dict[str, list[float]] = {name: [] for name in ways}
-    for round_ in range(WARM_UP + repeat):
-        for name, action in ways.items():
-            before(name)
-            comm.Barrier()
-            os.sync()
-            elapsed = timed(comm, action)
-            if round_ >= WARM_UP:
-                seconds[name].append(elapsed)
-    return seconds
-
-
-def report(title: str, seconds: dict[str, list[float]], baselines: tuple[str, str], nbytes: int) -> None:
-    best = min(statistics.median(seconds[name]) for name in baselines)
-    print(f"{title} ({nbytes / 2**20:.0f} MiB; ratio to the faster raw way):")
-    for name, values in seconds.items():
-        median = statistics.median(values)
-        print(f"  {name:24s} {median:7.3f} s  {nbytes / median / 1e9:5.2f} GB/s  {best / median:5.2f} x", flush=True)
 
 
 def main() -> None:
@@ -73,35 +47,35 @@ def main() -> None:
                 for name in BACKENDS for direct in (True, False)}  # fmt: skip
 
     growing = checkpointers("new", rounds + 1)
-    raw_new, raw_direct_new = root / f"raw-{comm.rank}.bin", root / f"raw-direct-{comm.rank}.bin"
+    raw_files = {"raw new": root / f"raw-{comm.rank}.bin", "raw direct new": root / f"raw-direct-{comm.rank}.bin"}
     new: dict[str, Callable[[], object]] = {
-        "raw new": lambda: write_raw(raw_new, block),
-        "raw direct new": lambda: write_raw_direct(raw_direct_new, block, aligned),
+        "raw new": lambda: write_raw(raw_files["raw new"], block),
+        "raw direct new": lambda: write_raw(raw_files["raw direct new"], block, aligned=aligned),
     }
     for name, checkpointer in growing.items():
         new[name] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
 
     def delete_output(way: str) -> None:
-        if way in ("raw new", "raw direct new"):
-            (raw_new if way == "raw new" else raw_direct_new).unlink(missing_ok=True)
+        if way in raw_files:
+            raw_files[way].unlink(missing_ok=True)
         elif comm.rank == 0:
             for step in sorted(growing[way].run_dir.root.glob("step-*")):
                 shutil.rmtree(step)
         comm.Barrier()
 
-    seconds = run_case(comm, new, args.repeat, delete_output)
+    result = summary(measure(comm, new, args.repeat, delete_output), total, tuple(raw_files))
     if comm.rank == 0:
-        report("save into new files", seconds, ("raw new", "raw direct new"), total)
+        show("save into new files", result)
     in_place: dict[str, Callable[[], object]] = {
         "raw in place": lambda: write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False),
-        "raw direct in place": lambda: write_raw_direct(root / f"raw-direct-in-place-{comm.rank}.bin", block, aligned,
-                                                        truncate=False),
+        "raw direct in place": lambda: write_raw(root / f"raw-direct-in-place-{comm.rank}.bin", block, truncate=False,
+                                                 aligned=aligned),
     }
     for name, checkpointer in checkpointers("in-place", 1).items():
         in_place[name] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
-    seconds = run_case(comm, in_place, args.repeat, lambda way: None)
+    result = summary(measure(comm, in_place, args.repeat), total, ("raw in place", "raw direct in place"))
     if comm.rank == 0:
-        report("save over earlier files (keep=1)", seconds, ("raw in place", "raw direct in place"), total)
+        show("save over earlier files (keep=1)", result)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -69,29 +69,22 @@ def fsync_tree(path: Path) -> None:
             os.close(descriptor)
 
 
-def write_raw(path: Path, block: np.ndarray, *, truncate: bool = True) -> None:
+def write_raw(path: Path, block: np.ndarray, *, truncate: bool = True, aligned: np.ndarray | None = None) -> None:
     """``block``'s bytes into ``path`` with one write at offset 0, then fsync. Not collective.
 
-    ``truncate=False`` writes over an existing file in place (no blocks freed).
+    ``truncate=False`` writes over an existing file in place (no blocks freed). With
+    ``aligned`` (page-aligned memory as large as ``block``, allocated by the caller) the
+    bytes are copied there and written with ``O_DIRECT``; ``block.nbytes`` must then be
+    a multiple of 4096.
     """
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+    source = block
+    if aligned is not None:
+        np.copyto(aligned.reshape(-1).view(np.uint8), block.reshape(-1).view(np.uint8))
+        flags, source = flags | os.O_DIRECT, aligned
     descriptor = os.open(path, flags, 0o644)
     try:
-        os.pwrite(descriptor, memoryview(block).cast("B"), 0)
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def write_raw_direct(path: Path, block: np.ndarray, aligned: np.ndarray, *, truncate: bool = True) -> None:
-    """``block``'s bytes into ``path`` with direct I/O: copied into ``aligned`` (page-aligned,
-    as large as ``block``, allocated by the caller), one ``O_DIRECT`` write at offset 0,
-    then fsync. Not collective. ``block.nbytes`` must be a multiple of 4096."""
-    np.copyto(aligned.reshape(-1).view(np.uint8), block.reshape(-1).view(np.uint8))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_DIRECT | (os.O_TRUNC if truncate else 0)
-    descriptor = os.open(path, flags, 0o644)
-    try:
-        os.pwrite(descriptor, memoryview(aligned).cast("B"), 0)
+        os.pwrite(descriptor, memoryview(source).cast("B"), 0)
         os.fsync(descriptor)
     finally:
         os.close(descriptor)

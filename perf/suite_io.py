@@ -56,7 +56,6 @@ from common import (
     write_plain_adios2,
     write_plain_h5py,
     write_raw,
-    write_raw_direct,
 )
 
 BACKENDS = ("hdf5", "adios2", "posix")
@@ -181,7 +180,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     steps = iter(range(1, 10**6))
     new: dict[str, Callable[[], object]] = {
         "raw new": lambda: write_raw(raw_path, block),
-        "raw direct new": lambda: write_raw_direct(raw_direct_path, block, aligned),
+        "raw direct new": lambda: write_raw(raw_direct_path, block, aligned=aligned),
         "numpy.save": numpy_save,
         "h5py": lambda: write_plain_h5py(comm, root / "plain.h5", block),
         "adios2": lambda: write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS),
@@ -211,8 +210,8 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     results["save_new"] = summary(measure(comm, new, repeat, delete_output), total, ("raw new", "raw direct new"))
     in_place: dict[str, Callable[[], object]] = {
         "raw in place": lambda: write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False),
-        "raw direct in place": lambda: write_raw_direct(root / f"raw-direct-in-place-{comm.rank}.bin", block, aligned,
-                                                        truncate=False),
+        "raw direct in place": lambda: write_raw(root / f"raw-direct-in-place-{comm.rank}.bin", block, truncate=False,
+                                                 aligned=aligned),
         "memcpy": lambda: np.copyto(copy, block),
     }
     for name, checkpointer in checkpointers.items():
