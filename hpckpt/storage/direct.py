@@ -79,7 +79,7 @@ def write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: b
     direct_bytes = 0
     try:
         buffered: list[tuple[int, memoryview]] = []
-        for offset, view in sorted(pieces, key=lambda piece: piece[0]):
+        for offset, view in pieces:
             start, end = _direct_range(offset, len(view)) if direct and _DIRECT else (0, 0)
             if start == end:
                 buffered.append((offset, view))

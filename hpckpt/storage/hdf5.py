@@ -115,8 +115,8 @@ class HDF5Backend(Backend):
         allocated at once (or reuses a recycled file of the same layout), and sends each
         dataset's file offset; each rank then writes the C-order runs of its blocks at
         those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
-        no GIL in the data path, so
-        a save in a background thread cannot deadlock with the application's MPI calls.
+        no GIL in the data path, so a save in a background thread cannot deadlock with
+        the application's MPI calls.
         """
         path = directory / FILE_NAME
         failure: str | None = None

@@ -31,8 +31,9 @@ straight into the destination array.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,11 +198,11 @@ class PosixBackend(Backend):
                     descriptors[name] = os.open(directory / name, os.O_RDONLY)
                 location = request.block.location
                 if location.get("codec") is None:
-                    _read_all(descriptors[name], request, location["offset"], directory / name, landed)
+                    progress = None if landed is None else partial(landed, request)
+                    _read_all(descriptors[name], request.array, location["offset"], directory / name, progress)
                     continue
                 stored = np.empty(int(location["stored_bytes"]), dtype=np.uint8)
-                _read_all(descriptors[name], BlockData(request.record, request.block, stored), location["offset"],
-                          directory / name)
+                _read_all(descriptors[name], stored, location["offset"], directory / name)
                 try:
                     codec.decode_as(location["codec"], stored, request.array)
                 except ValueError as exc:
@@ -231,10 +232,11 @@ def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
     return ends
 
 
-def _read_all(descriptor: int, request: BlockData, offset: int, path: Path, landed: Landed | None = None) -> None:
-    """Fill ``request.array`` from ``offset``, in pieces of :data:`_READ_PIECE` bytes
-    reported to ``landed``."""
-    array = request.array
+def _read_all(
+    descriptor: int, array: np.ndarray, offset: int, path: Path, progress: Callable[[int], None] | None = None
+) -> None:
+    """Fill ``array`` from ``offset`` in pieces of :data:`_READ_PIECE` bytes, calling
+    ``progress(bytes in place)`` after each."""
     if not array.flags.c_contiguous:
         raise ValueError("posix backend reads only into C-contiguous arrays")
     view = array.reshape(-1).view(np.uint8).data
@@ -244,5 +246,5 @@ def _read_all(descriptor: int, request: BlockData, offset: int, path: Path, land
         if count == 0:
             raise OSError(f"{path} ends at byte {offset + done}, expected {len(view) - done} more bytes there")
         done += count
-        if landed is not None:
-            landed(request, done)
+        if progress is not None:
+            progress(done)
