@@ -163,7 +163,7 @@ def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
     buffers = [_BOUNCE.take(), _BOUNCE.take()]
     free: SimpleQueue[np.ndarray] = SimpleQueue()
     full: SimpleQueue[tuple[int, np.ndarray, int] | None] = SimpleQueue()
-    failures: list[OSError] = []
+    failures: list[Exception] = []
     for buffer in buffers:
         free.put(buffer)
 
@@ -173,9 +173,9 @@ def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
             try:
                 if not failures:
                     _pwrite_direct(descriptor, buffer[:length].data, offset + start)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - raised by the caller's thread; the buffer must go back
                 failures.append(exc)
-            free.put(buffer)
+            free.put(buffer)  # always: the copying thread may be waiting for it
 
     thread = threading.Thread(target=writer, name="hpckpt-direct", daemon=True)
     thread.start()
