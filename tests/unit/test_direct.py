@@ -49,9 +49,12 @@ def test_pieces_land_exactly_with_unaligned_heads_and_tails(place: Path, aligned
         source = aligned_empty((LARGE,), np.uint8)
         source[:] = large
     else:
-        source = np.empty(LARGE + 16, np.uint8)[16:]  # NumPy's 16-byte alignment, not a page's
+        # Memory that starts 64 bytes past a page boundary, whatever the allocator returned.
+        backing = np.empty(LARGE + 2 * PAGE, np.uint8)
+        start = (64 - backing.ctypes.data) % PAGE
+        source = backing[start : start + LARGE]
         source[:] = large
-        assert source.ctypes.data % PAGE
+        assert source.ctypes.data % PAGE == 64
     small = _random(5000, 2)
     second = _random(LARGE, 3)
     path = place / "data.bin"
