@@ -9,6 +9,8 @@ bfloat16 arrays are viewed as their uint16 bits (:mod:`hpckpt.buffers.bfloat16`)
 from __future__ import annotations
 
 import mmap
+import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,7 +32,41 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes < ALIGNED_FROM:
         return np.empty(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+    # Private, not mmap's default shared mapping: shared anonymous memory lives in shmem,
+    # whose first touch of 160 MiB took 0.14-0.22 s here against 0.02-0.04 s private with
+    # transparent huge pages (as NumPy's own large allocations ask for).
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
+
+
+class AlignedPool:
+    """Page-aligned byte buffers (:func:`aligned_empty`) kept for reuse, at most ``keep``
+    free ones. Memory touched for the first time costs a page fault per page (0.1-0.2 s
+    per 160 MiB on the test machine); a reused buffer costs none. Thread-safe.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A ``uint8`` buffer of at least ``nbytes`` (at most twice that, when reused):
+        the smallest free one that fits, else a new one of exactly ``nbytes``."""
+        with self._lock:
+            fitting = [index for index, buffer in enumerate(self._free) if nbytes <= len(buffer) <= 2 * nbytes]
+            if fitting:
+                return self._free.pop(min(fitting, key=lambda index: len(self._free[index])))
+        return aligned_empty((nbytes,), np.uint8)
+
+    def give_back(self, buffers: Iterable[np.ndarray]) -> None:
+        """Keep ``buffers`` (from :meth:`take`, no longer used) for later calls; the oldest
+        free ones beyond ``keep`` are released."""
+        with self._lock:
+            self._free.extend(buffers)
+            del self._free[: max(0, len(self._free) - self._keep)]
 
 
 def _numpy_view(array: Any) -> np.ndarray:

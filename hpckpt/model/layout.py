@@ -70,11 +70,12 @@ def pack_plan(
                     members=tuple((path, dtype, shape, encoding) for path, dtype, shape, encoding in members))  # fmt: skip
 
 
-def packed_bytes(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """The bytes of C-contiguous ``arrays`` one after the other: a pack block."""
-    if not arrays:
-        return np.empty(0, dtype=np.uint8)
-    return np.concatenate([array.reshape(-1).view(np.uint8) for array in arrays])
+def packed_bytes(arrays: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """The bytes of C-contiguous ``arrays`` one after the other, a pack block, in ``out``
+    (``uint8``, exactly as long as their bytes); returns ``out``."""
+    if arrays:
+        np.concatenate([array.reshape(-1).view(np.uint8) for array in arrays], out=out)
+    return out
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
-from ..buffers.host import as_host_array
+from ..buffers.host import AlignedPool, aligned_empty, as_host_array
 from ..checksum import ALGORITHM, block_checksum, pieces_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.boxes import Box
@@ -65,6 +65,9 @@ from ..storage.retention import RetentionPolicy, retain
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+# The packs of small leaves are built in buffers kept from save to save: a new 160 MiB
+# pack's first touch cost more than its copy (buffers/host.py).
+PACK_BUFFERS = AlignedPool(keep=2)
 
 @dataclass(frozen=True)
 class SaveReport:
@@ -84,6 +87,7 @@ def plan_local(
     rank: int = 0,
     size: int = 1,
     deferred: dict[str, np.ndarray] | None = None,
+    lent: list[np.ndarray] | None = None,
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
@@ -98,6 +102,8 @@ def plan_local(
     With ``deferred``, the checksums of host blocks stored exactly (and of the pack) are
     left out of the plan (:data:`~hpckpt.model.layout.LATER`) and their arrays put in
     ``deferred`` by path, to be checksummed while the data is written and made durable.
+    With ``lent``, the pack is built in a buffer of :data:`PACK_BUFFERS`, appended to
+    ``lent`` for the caller to give back once nothing reads the pack any more.
     """
     encode = backend.encode if backend is not None else None
     leaves = []
@@ -157,7 +163,7 @@ def plan_local(
             )
         )
     if members:
-        leaves.append(_pack(members, encode, arrays, deferred))
+        leaves.append(_pack(members, encode, arrays, deferred, lent))
     return RankPlan(tuple(leaves), values), arrays
 
 
@@ -165,10 +171,19 @@ def _pack(
     members: Sequence[tuple[PlannedMember, np.ndarray]], encode: Callable[[str, np.ndarray], Encoded] | None,
     arrays: dict[str, np.ndarray],
     deferred: dict[str, np.ndarray] | None,
+    lent: list[np.ndarray] | None,
 ) -> LeafPlan:
     """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``
-    (and the block into ``deferred``, when given, to be checksummed later)."""
-    block = packed_bytes([host for _, host in members])
+    (and the block into ``deferred``, when given, to be checksummed later), its buffer
+    (from :data:`PACK_BUFFERS`) into ``lent`` when given."""
+    hosts = [host for _, host in members]
+    nbytes = sum(host.nbytes for host in hosts)
+    if lent is None:
+        buffer = aligned_empty((nbytes,), np.uint8)
+    else:
+        buffer = PACK_BUFFERS.take(nbytes)
+        lent.append(buffer)
+    block = packed_bytes(hosts, buffer[:nbytes])
     encoded = encode(PACK_PATH, block) if encode is not None else Encoded(block, None, block)
     arrays[PACK_PATH] = encoded.stored
     stored_bytes = None if encoded.codec is None else encoded.stored.nbytes
@@ -277,6 +292,29 @@ def save_coordinated(
     uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
     the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
     """
+    lent: list[np.ndarray] = []
+    try:
+        return _save_step(comm, run_dir, backend, step, state, retention, metric, protocol, complete, incremental,
+                          base, lent)  # fmt: skip
+    finally:
+        PACK_BUFFERS.give_back(lent)
+
+
+def _save_step(
+    comm: MPI.Comm,
+    run_dir: RunDirectory,
+    backend: Backend,
+    step: int,
+    state: Any,
+    retention: Sequence[RetentionPolicy],
+    metric: float | None,
+    protocol: str,
+    complete: bool,
+    incremental: int,
+    base: int | None,
+    lent: list[np.ndarray],
+) -> SaveReport:
+    """The body of :func:`save_coordinated`; the buffers of this rank's pack go into ``lent``."""
     rank = comm.rank
     created = time.time()
     seconds: dict[str, float] = {}
@@ -293,7 +331,7 @@ def save_coordinated(
 
     def plan() -> tuple[int, RankPlan]:
         point("save.plan")
-        rank_plan, arrays = plan_local(state, backend, rank, comm.size, None if delta_planned else deferred)
+        rank_plan, arrays = plan_local(state, backend, rank, comm.size, None if delta_planned else deferred, lent)
         staged.update(arrays)
         return step, rank_plan
 

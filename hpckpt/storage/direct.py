@@ -16,7 +16,7 @@ Rules that keep the two kinds of write apart:
   its own bytes of a shared file, so the kernel never has a dirty cached page inside a
   direct write's range;
 - memory that is itself page-aligned (the buffers of non-blocking saves,
-  :func:`aligned_empty`) is written from where it is; other memory is copied into two
+  :func:`~hpckpt.buffers.host.aligned_empty`) is written from where it is; other memory is copied into two
   page-aligned bounce buffers, one filled while the other is written;
 - a file system that refuses direct I/O (``EINVAL``: tmpfs before Linux 6.6, some FUSE
   file systems) gets buffered writes; the caller's fsync makes either kind durable.
@@ -29,13 +29,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from queue import SimpleQueue
 
 import numpy as np
 
-from ..buffers.host import PAGE, aligned_empty
+from ..buffers.host import PAGE, AlignedPool
 
 ALIGNMENT = PAGE  # file offsets, lengths and memory of direct writes (>= the 512 bytes of most disks)
 DIRECT_MIN = 4 << 20  # smaller pieces are written through the page cache
@@ -45,26 +45,7 @@ _MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
 _DIRECT = getattr(os, "O_DIRECT", 0)
 
 
-class _BouncePool:
-    """Page-aligned bounce buffers kept for the process's later writes (two per writer
-    at a time; a writer that finds none free maps new ones)."""
-
-    def __init__(self) -> None:
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> np.ndarray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return aligned_empty((BOUNCE_BYTES,), np.dtype(np.uint8))
-
-    def give_back(self, buffers: Iterable[np.ndarray]) -> None:
-        with self._lock:
-            self._free.extend(buffers)
-
-
-_BOUNCE = _BouncePool()
+_BOUNCE = AlignedPool(keep=2)  # the bounce buffers, kept for the process's later writes
 
 
 def write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool = True) -> int:
@@ -160,7 +141,7 @@ def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
     """Copy ``view`` into the bounce buffers piece by piece while a helper thread writes
     the previous piece (both release the GIL)."""
     source = np.frombuffer(view, dtype=np.uint8)
-    buffers = [_BOUNCE.take(), _BOUNCE.take()]
+    buffers = [_BOUNCE.take(BOUNCE_BYTES), _BOUNCE.take(BOUNCE_BYTES)]
     free: SimpleQueue[np.ndarray] = SimpleQueue()
     full: SimpleQueue[tuple[int, np.ndarray, int] | None] = SimpleQueue()
     failures: list[Exception] = []

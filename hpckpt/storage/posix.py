@@ -31,7 +31,7 @@ straight into the destination array.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from fnmatch import fnmatchcase
 from functools import partial
 from pathlib import Path
@@ -43,14 +43,12 @@ from .._checks import require_count
 from ..model.manifest import Block, LeafRecord
 from . import codec, direct
 from .base import Backend, BlockData, Encoded, Landed
+from .positioned import read_into
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .lustre import Striping
-
-_READ_PIECE = 128 << 20  # bytes per read, each checksummed while the next is read (smaller pieces read slower)
-
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
@@ -189,7 +187,7 @@ class PosixBackend(Backend):
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` from its file and offset, reporting each
-        :data:`_READ_PIECE` bytes to ``landed``. Independent."""
+        :data:`~hpckpt.storage.positioned.READ_PIECE` bytes to ``landed``. Independent."""
         descriptors: dict[str, int] = {}
         try:
             for request in requests:
@@ -199,10 +197,10 @@ class PosixBackend(Backend):
                 location = request.block.location
                 if location.get("codec") is None:
                     progress = None if landed is None else partial(landed, request)
-                    _read_all(descriptors[name], request.array, location["offset"], directory / name, progress)
+                    read_into(descriptors[name], request.array, location["offset"], directory / name, progress)
                     continue
                 stored = np.empty(int(location["stored_bytes"]), dtype=np.uint8)
-                _read_all(descriptors[name], stored, location["offset"], directory / name)
+                read_into(descriptors[name], stored, location["offset"], directory / name)
                 try:
                     codec.decode_as(location["codec"], stored, request.array)
                 except ValueError as exc:
@@ -230,21 +228,3 @@ def _file_ends(records: Sequence[LeafRecord]) -> dict[str, int]:
             name, end = block.location["file"], block.location["offset"] + _stored_size(record, block)
             ends[name] = max(ends.get(name, 0), end)
     return ends
-
-
-def _read_all(
-    descriptor: int, array: np.ndarray, offset: int, path: Path, progress: Callable[[int], None] | None = None
-) -> None:
-    """Fill ``array`` from ``offset`` in pieces of :data:`_READ_PIECE` bytes, calling
-    ``progress(bytes in place)`` after each."""
-    if not array.flags.c_contiguous:
-        raise ValueError("posix backend reads only into C-contiguous arrays")
-    view = array.reshape(-1).view(np.uint8).data
-    done = 0
-    while done < len(view):
-        count = os.preadv(descriptor, [view[done : done + _READ_PIECE]], offset + done)
-        if count == 0:
-            raise OSError(f"{path} ends at byte {offset + done}, expected {len(view) - done} more bytes there")
-        done += count
-        if progress is not None:
-            progress(done)

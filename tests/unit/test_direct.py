@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpckpt.buffers.host import ALIGNED_FROM, PAGE, aligned_empty
+from hpckpt.buffers.host import ALIGNED_FROM, PAGE, AlignedPool, aligned_empty
 from hpckpt.storage import direct
 
 LARGE = direct.DIRECT_MIN + 3 * PAGE + 777  # large enough for direct I/O, unaligned length
@@ -98,3 +98,31 @@ def test_aligned_empty_starts_on_a_page_and_small_arrays_come_from_numpy() -> No
     small = aligned_empty((3,), np.int32)
     assert small.shape == (3,) and small.dtype == np.int32
     assert aligned_empty((0, 5), np.float32).shape == (0, 5)
+
+
+def test_aligned_memory_is_private_to_the_process() -> None:
+    """Private, not shared (shmem) memory: a forked child's writes stay its own."""
+    big = aligned_empty((ALIGNED_FROM,), np.uint8)
+    big[:] = 7
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child exits at once
+        big[:] = 9
+        os._exit(0)
+    os.waitpid(child, 0)
+    assert (big == 7).all()
+
+
+def test_aligned_pool_reuses_a_fitting_buffer_and_keeps_only_so_many() -> None:
+    pool = AlignedPool(keep=2)
+    first = pool.take(3 * ALIGNED_FROM)
+    assert len(first) == 3 * ALIGNED_FROM and first.ctypes.data % PAGE == 0
+    pool.give_back([first])
+    assert pool.take(2 * ALIGNED_FROM) is first  # fits: at least 2 MiB, at most twice that
+    pool.give_back([first])
+    small = pool.take(ALIGNED_FROM)  # the 3 MiB buffer is more than twice too large
+    assert small is not first and len(small) == ALIGNED_FROM
+    other = pool.take(3 * ALIGNED_FROM)
+    assert other is first
+    pool.give_back([small, other, aligned_empty((4 * ALIGNED_FROM,), np.uint8)])
+    assert pool.take(ALIGNED_FROM) is not small  # the oldest free buffer beyond keep=2 was released
+    assert pool.take(3 * ALIGNED_FROM) is other
