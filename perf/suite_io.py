@@ -347,8 +347,9 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
             np.sqrt(work, out=work)
         return time.perf_counter() - start
 
-    probe = 200
-    units = comm.bcast(max(1, int(probe * compute / run(probe))))  # about ``compute`` seconds of work
+    units = 200
+    for _ in range(2):  # about ``compute`` seconds of work; a second pass corrects a probe slowed by a warm-up
+        units = comm.bcast(max(1, int(units * compute / run(units))))
     alone = [max(comm.allgather(run(units))) for _ in range(3)]
     result = {"memcpy_s": memcpy_seconds(comm, block), "compute_s": statistics.median(alone), "backends": {}}
     for name in BACKENDS:
