@@ -70,9 +70,12 @@ class HDF5Backend(Backend):
     ----------
     alignment
         Align every dataset of ``alignment_threshold`` bytes or more to a multiple of
-        this many bytes (the stripe size on Lustre). Default: no alignment. (The data
-        bypasses MPI-IO, so there are no MPI-IO hints: a Lustre step directory's
-        striping, :mod:`hpckpt.storage.lustre`, sets the files' layout.)
+        this many bytes (the stripe size on Lustre). Default: with ``direct_io``, the
+        datasets large enough for direct writes (4 MiB) start on a page, so that
+        page-aligned memory (a non-blocking save's snapshot) is written with no copy;
+        else no alignment. (The data bypasses MPI-IO, so there are no MPI-IO hints: a
+        Lustre step directory's striping, :mod:`hpckpt.storage.lustre`, sets the files'
+        layout.)
     alignment_threshold
         The smallest dataset that is aligned (default 64 KiB).
     direct_io
@@ -156,6 +159,8 @@ class HDF5Backend(Backend):
         options = {}
         if self.alignment:
             options = {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment}
+        elif self.direct_io:
+            options = {"alignment_threshold": direct.DIRECT_MIN, "alignment_interval": direct.ALIGNMENT}
         with self._h5py.File(path, "w", **options) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
             created: dict[str, Any] = {}
