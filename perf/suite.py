@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="repetitions per case; medians (default 5)")
     parser.add_argument("--small-count", type=int, default=10_000)
     parser.add_argument("--small-kib", type=int, default=16)
-    parser.add_argument("--async-saves", type=int, default=6, help="non-blocking saves per backend (at least 4)")
+    parser.add_argument("--async-saves", type=int, default=8, help="non-blocking saves per backend (>= 4; steady from the 4th)")
     parser.add_argument("--async-compute", type=float, default=2.0, help="seconds of work between async saves")
     parser.add_argument("--heat-iters", type=int, default=20_000)
     parser.add_argument("--heat-every", type=int, default=2_000)

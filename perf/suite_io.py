@@ -373,6 +373,8 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
             "compute_s": slowed, "compute_slowdown": slowed / result["compute_s"] - 1.0,
             "compute_slowdown_new_files": new_files / result["compute_s"] - 1.0,
             "blocked_new_files_s": max(comm.allgather(max(blocked[1 : WARM_UP + 1]))),
+            "blocked_s": [max(values) for values in zip(*comm.allgather(blocked))],
+            "computed_s": [max(values) for values in zip(*comm.allgather(computed))],
         }  # fmt: skip
     return result
 
@@ -439,7 +441,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="repetitions per case (medians; default 5)")
     parser.add_argument("--small-count", type=int, default=10_000)
     parser.add_argument("--small-kib", type=int, default=16, help="KiB per small array (default 16)")
-    parser.add_argument("--async-saves", type=int, default=6, help="non-blocking saves per backend (at least 4)")
+    parser.add_argument("--async-saves", type=int, default=8, help="non-blocking saves per backend (>= 4; steady from the 4th)")
     parser.add_argument("--async-compute", type=float, default=2.0, help="seconds of work between async saves")
     parser.add_argument("--dir", default=".bench-suite", help="scratch directory on the file system to measure")
     parser.add_argument("--json", required=True, help="where rank 0 writes the results")
