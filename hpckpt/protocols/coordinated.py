@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 # pack's first touch cost more than its copy (buffers/host.py).
 PACK_BUFFERS = AlignedPool(keep=2)
 
+
 @dataclass(frozen=True)
 class SaveReport:
     """What one save did: its step, bytes this rank staged, phase timings (s), deleted

@@ -15,9 +15,10 @@ Rules that keep the two kinds of write apart:
   cache. No page is ever written both ways, by this rank or by another rank writing
   its own bytes of a shared file, so the kernel never has a dirty cached page inside a
   direct write's range;
-- memory that is itself page-aligned (the buffers of non-blocking saves,
-  :func:`~hpckpt.buffers.host.aligned_empty`) is written from where it is; other memory is copied into two
-  page-aligned bounce buffers, one filled while the other is written;
+- memory that is itself page-aligned (the buffers of non-blocking saves and of packs,
+  :func:`~hpckpt.buffers.host.aligned_empty`) is written from where it is; other
+  memory is copied into two page-aligned bounce buffers, one filled while the other is
+  written;
 - a file system that refuses direct I/O (``EINVAL``: tmpfs before Linux 6.6, some FUSE
   file systems) gets buffered writes; the caller's fsync makes either kind durable.
 
