@@ -319,8 +319,14 @@ def test_saves_reuse_the_deleted_steps_files(comm, run_dir, name):
     backend = open_backend(name)
     reused = []
     if name == "hdf5":
-        reusable = backend._reusable  # rank 0 decides whether the recycled file is written in place
-        backend._reusable = lambda *args: reused.append(reusable(*args)) or reused[-1]
+        recycled = backend._recycled_offsets  # rank 0 decides whether the recycled file is written in place
+
+        def spied(*args):
+            offsets = recycled(*args)
+            reused.append(offsets is not None)
+            return offsets
+
+        backend._recycled_offsets = spied
     link = Path(f"{run_dir}-link-{comm.rank}")
     shapes = (64, 64, 64, 8, 8, 8)
     with hpckpt.Checkpointer(run_dir, comm=comm, backend=backend, keep=1) as checkpointer:
