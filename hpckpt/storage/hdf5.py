@@ -221,9 +221,9 @@ class HDF5Backend(Backend):
                     per_rank = _per_rank(record, block)
                     expected = block.shape if per_rank else record.whole_shape
                     dataset_id = _open(h5, name)
-                    _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size)
+                    dataset_offset = _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype),
+                                                    file_size)  # fmt: skip
                     offset = (0,) * len(expected) if per_rank else block.offset
-                    dataset_offset = _contiguous_offset(dataset_id)
                     if dataset_offset is None:
                         _read_box(dataset_id, offset, request.array)
                         if landed is not None:
@@ -235,10 +235,12 @@ class HDF5Backend(Backend):
             os.close(descriptor)
 
 
-def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int) -> None:
+def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int) -> int | None:
     """Refuse (KeyError, saying what differs) a dataset whose shape, dtype or storage is not
     what the manifest declares, before HDF5 reads it: the file has no metadata checksums,
-    and a damaged datatype or extent could make the read allocate or convert gigabytes."""
+    and a damaged datatype or extent could make the read allocate or convert gigabytes.
+    Returns the file offset of a contiguous dataset's storage; None for a chunked or
+    unallocated one."""
     from h5py import h5d
 
     if dataset_id.shape != shape:
@@ -258,9 +260,11 @@ def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np
                 f"dataset {name} claims {stored} bytes at offset {offset}; expected "
                 f"{math.prod(shape) * dtype.itemsize} bytes inside the file's {file_size}"
             )
-    elif layout != h5d.CHUNKED or stored > file_size:  # chunked: partial arrays of hpckpt before 2026-12
+        return offset
+    if layout != h5d.CHUNKED or stored > file_size:  # chunked: partial arrays of hpckpt before 2026-12
         raise KeyError(f"dataset {name} has layout {layout} with {stored} bytes stored; hpckpt writes contiguous "
                        f"datasets inside the file's {file_size} bytes")
+    return None
 
 
 def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
@@ -394,15 +398,6 @@ def _read_box(dataset_id: Any, offset: tuple[int, ...], out: np.ndarray) -> None
         return
     memory_space, file_space = _selections(dataset_id, offset, out.shape)
     dataset_id.read(memory_space, file_space, out)
-
-
-def _contiguous_offset(dataset_id: Any) -> int | None:
-    """The file offset of a contiguous dataset's allocated storage; None for any other."""
-    from h5py import h5d
-
-    if dataset_id.get_create_plist().get_layout() != h5d.CONTIGUOUS:
-        return None
-    return dataset_id.get_offset()
 
 
 def _read_runs(
