@@ -293,35 +293,13 @@ def save_coordinated(
     uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
     the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
     """
-    lent: list[np.ndarray] = []
-    try:
-        return _save_step(comm, run_dir, backend, step, state, retention, metric, protocol, complete, incremental,
-                          base, lent)  # fmt: skip
-    finally:
-        PACK_BUFFERS.give_back(lent)
-
-
-def _save_step(
-    comm: MPI.Comm,
-    run_dir: RunDirectory,
-    backend: Backend,
-    step: int,
-    state: Any,
-    retention: Sequence[RetentionPolicy],
-    metric: float | None,
-    protocol: str,
-    complete: bool,
-    incremental: int,
-    base: int | None,
-    lent: list[np.ndarray],
-) -> SaveReport:
-    """The body of :func:`save_coordinated`; the buffers of this rank's pack go into ``lent``."""
     rank = comm.rank
     created = time.time()
     seconds: dict[str, float] = {}
     staged: dict[str, np.ndarray] = {}
     delta_planned = incremental >= 2 or base is not None  # a delta compares checksums in the plan
     deferred: dict[str, np.ndarray] = {}
+    lent: list[np.ndarray] = []  # this rank's pack buffer, given back once written and checksummed
 
     def timed(name: str, action: Callable[[], Any], agree: Callable[..., Any] = run_phase) -> Any:
         start = time.perf_counter()
@@ -376,6 +354,7 @@ def _save_step(
         return sync_files(temp, backend.written_files(files, rank, comm.size)), checksums.result()
 
     synced = timed("sync", sync, gather_phase)
+    PACK_BUFFERS.give_back(lent)  # a failed save leaves its pack buffer to the garbage collector
     durable_sizes = merge_sizes(sizes for sizes, _ in synced)
     if not delta_planned:
         records = fill_checksums(records, [checksums for _, checksums in synced])
