@@ -18,7 +18,8 @@ measured in the same run:
   ``keep=1``, which recycles the deleted step's files), against the faster of the two
   raw writes over the previous file without truncating it, and a memcpy;
 - ``restore``: the same state read back, against a raw cold read, plain h5py
-  (collective) and ``torch.distributed.checkpoint``;
+  (collective), plain ADIOS2 (its Python reader, one box per rank) and
+  ``torch.distributed.checkpoint``;
 - ``rank_change``: rank 0 alone restores the whole array from the 2-rank step, against
   restoring it from a step one rank wrote (same bytes, same reader);
 - ``small``: 10,000 arrays per rank, against a raw write of their concatenation, with
@@ -240,12 +241,20 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
             with dataset.collective:
                 dataset.read_direct(target, np.s_[mine])
 
-    write_raw(raw_path, block)  # the raw and h5py reads read what the last round wrote
+    def plain_adios2_read() -> None:  # the Python bindings, the box of this rank in one Get
+        import adios2
+
+        with adios2.FileReader(str(root / "plain.bp")) as reader:
+            start = [comm.rank * rows] + [0] * (block.ndim - 1)
+            reader.read_in_buffer(reader.inquire_variable("u"), target, start=start, count=list(block.shape))
+
+    write_raw(raw_path, block)  # the raw and plain reads read what the last round wrote
     write_plain_h5py(comm, root / "plain.h5", block)
+    write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS)
     if dcp is not None:
         dcp.save()
-    reads: dict[str, Callable[[], object]] = {"raw": raw_read, "h5py": plain_h5py_read}
-    sources = {"raw": raw_path, "h5py": root / "plain.h5"}
+    reads: dict[str, Callable[[], object]] = {"raw": raw_read, "h5py": plain_h5py_read, "adios2": plain_adios2_read}
+    sources = {"raw": raw_path, "h5py": root / "plain.h5", "adios2": root / "plain.bp"}
     if dcp is not None:
         reads["torch-dcp"], sources["torch-dcp"] = dcp.load, root / "dcp"
     for name, checkpointer in checkpointers.items():

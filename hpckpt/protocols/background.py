@@ -11,7 +11,7 @@ waiting on another rank while it holds the GIL. Its MPI calls are mpi4py's, whic
 release the GIL (the one that would not, the first pickled collective's context
 duplication, is made here at creation), and the backends' collective I/O releases it
 too: hdf5 writes with ``pwrite`` after a broadcast, ADIOS2 is called through its C API
-(:mod:`hpckpt.storage.adios2_writer`), posix writes its own files. An application
+(:mod:`hpckpt.storage.adios2_c`), posix writes its own files. An application
 thread that waits in MPI holding the GIL (mpi4py does while duplicating a context) can
 therefore only delay the worker, never stop its peers' workers from finishing. At most ``max_in_flight`` saves are queued or
 running; a further save waits for a buffer set, so the extra memory is at most

@@ -24,8 +24,8 @@ ranks, pass ``{"NumAggregators": "<ranks per node or fewer>"}`` or
 data); computing them cost a third of the CPU time of a 512 MiB save, which a
 non-blocking save takes from the application (pass ``{"StatsLevel": "1"}`` for tools
 that show them, such as ``bpls -l``).
-Reads open the step serially in random-access mode, so a failing reader cannot hang
-its peers.
+Reads open the step in random-access mode, each process alone, so a failing reader
+cannot hang its peers.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..model.manifest import Block, LeafRecord
-from .adios2_writer import BP5Step
+from .adios2_c import BP5File, BP5Step
 from .base import Backend, BlockData, Landed
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .lustre import Striping
 
 DIRECTORY_NAME = "data.bp"
+READ_SLAB = 16 << 20  # bytes per read of a global box: under glibc's 32 MiB mmap threshold, so reused
 _DATA_FILE = re.compile(r"^data\.\d+$")
 DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off", "AggregationType": "EveryoneWrites", "StatsLevel": "0"}
 _NATIVE_TYPES = {
@@ -57,7 +58,8 @@ _NATIVE_TYPES = {
 }
 
 
-def _bindings() -> Any:
+def _require_adios2() -> None:
+    """Raise ``ImportError`` saying how to install it unless ADIOS2 is there, built with MPI."""
     try:
         import adios2
     except ImportError as exc:
@@ -70,7 +72,6 @@ def _bindings() -> Any:
             "the adios2 backend needs ADIOS2 built with MPI (adios2.is_built_with_mpi is False); "
             "rebuild it with ADIOS2_USE_MPI=ON against the MPI that mpi4py uses (see docs/install.md)"
         )
-    return adios2.bindings
 
 
 def stores_bytes(dtype: str) -> bool:
@@ -124,7 +125,7 @@ class ADIOS2Backend(Backend):
         return {**options, "parameters": {**striped, **options.get("parameters", {})}}
 
     def __init__(self, parameters: Mapping[str, Any] | None = None, engine: str = "BP5") -> None:
-        self._adios2 = _bindings()
+        _require_adios2()
         self.engine = engine
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
 
@@ -154,7 +155,7 @@ class ADIOS2Backend(Backend):
     ) -> list[str]:
         """Put every non-empty block in one BP5 step and close it. Collective over ``comm``.
 
-        Through ADIOS2's C API (:mod:`hpckpt.storage.adios2_writer`), which releases the
+        Through ADIOS2's C API (:mod:`hpckpt.storage.adios2_c`), which releases the
         GIL in every call, so a save in a background thread cannot deadlock with the
         application's own MPI calls.
 
@@ -188,42 +189,59 @@ class ADIOS2Backend(Backend):
         return [name for name in files if name.startswith(prefix) and not _DATA_FILE.match(name[len(prefix):])]
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
-        """Fill each request's ``array`` from ``data.bp``, reporting each whole one to
-        ``landed``. Independent (serial ADIOS2)."""
+        """Fill each request's ``array`` from ``data.bp``, reporting its bytes to ``landed``
+        as they land. Independent (this process opens the step alone).
+
+        A box of a global array is read in slabs of about :data:`READ_SLAB` bytes along
+        its first axis: BP5 reads a multi-dimensional selection into a temporary buffer
+        and copies it out, so slabs bound that buffer (which the allocator then reuses)
+        and let the helper thread checksum one slab while ADIOS2 reads the next. A local
+        block is read whole (BP5 reads a whole local block for any part of it).
+        """
         requests = [request for request in requests if request.block.size]
         if not requests:
             return
-        bindings = self._adios2
         path = directory / DIRECTORY_NAME
         if not path.is_dir():
             raise FileNotFoundError(f"{path} does not exist")
-        adios = bindings.ADIOS()
-        io = adios.DeclareIO("hpckpt-read")
-        io.SetEngine(self.engine)
-        engine = io.Open(str(path), bindings.Mode.ReadRandomAccess)
-        try:
+        with BP5File(path, self.engine) as stored:
             for request in requests:
-                self._get(io, engine, path, request)
-                if landed is not None:
-                    landed(request, request.array.nbytes)
-        finally:
-            engine.Close()
+                self._get(stored, path, request, landed)
 
-    def _get(self, io: Any, engine: Any, path: Path, request: BlockData) -> None:
+    def _get(self, stored: BP5File, path: Path, request: BlockData, landed: Landed | None) -> None:
         """Read one stored block into ``request.array``, after checking its shape."""
+        record = request.record
+        try:
+            variable = stored.variable(record.location["variable"])
+        except KeyError:
+            raise KeyError(f"{path} has no variable {record.location['variable']!r}") from None
+        try:
+            self._read_block(stored, path, request, variable, landed)
+        except ValueError as exc:
+            raise ValueError(f"{path}: variable {record.location['variable']!r}: {exc}") from None
+
+    @staticmethod
+    def _read_block(stored: BP5File, path: Path, request: BlockData, variable: Any, landed: Landed | None) -> None:
+        """Read ``request``'s box of ``variable`` in slabs, or its whole local block (see :meth:`read`)."""
         record, block = request.record, request.block
-        variable = io.InquireVariable(record.location["variable"])
-        if variable is None:
-            raise KeyError(f"{path} has no variable {record.location['variable']!r}")
         shape, start, count = _selection(record, block)
+        target = _stored_view(request.array, record.location.get("encoding") == "bytes")
         if record.kind == "local":
             block_id = block.location["block_id"]
-            variable.SetBlockSelection(block_id)
-            if list(variable.Count()) != count:
-                raise KeyError(f"{path}: block {block_id} of {record.path!r} has count {variable.Count()}, not {count}")
-        else:
-            if list(variable.Shape()) != shape:
-                raise KeyError(f"{path}: variable {record.path!r} has shape {variable.Shape()}, not {shape}")
-            variable.SetSelection([start, count])
-        as_bytes = record.location.get("encoding") == "bytes"
-        engine.Get(variable, _stored_view(request.array, as_bytes), self._adios2.Mode.Sync)
+            stored_count = stored.block_count(variable, block_id)
+            if stored_count != count:
+                raise KeyError(f"{path}: block {block_id} of {record.path!r} has count {stored_count}, not {count}")
+            stored.read(variable, target, None, count)
+            if landed is not None:
+                landed(request, request.array.nbytes)
+            return
+        stored_shape = stored.shape(variable)
+        if stored_shape != shape:
+            raise KeyError(f"{path}: variable {record.path!r} has shape {stored_shape}, not {shape}")
+        row_bytes = target[0].nbytes or 1
+        rows = max(1, READ_SLAB // row_bytes)
+        for first in range(0, count[0], rows):
+            last = min(count[0], first + rows)
+            stored.read(variable, target[first:last], [start[0] + first] + start[1:], [last - first] + count[1:])
+            if landed is not None:
+                landed(request, last * row_bytes)

@@ -1,0 +1,85 @@
+"""The adios2 backend's restore path: a box of a global array is read through ADIOS2's C
+API in slabs along its first axis, reporting the bytes in place as they land; a local
+block is read whole; a variable of another type or shape is refused before ADIOS2 reads
+it. Real BP5 files written by hpckpt's own write, one process (COMM_SELF)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpckpt.model.manifest import Block, LeafRecord
+from hpckpt.storage import bp5, open_backend
+from hpckpt.storage.base import BlockData
+
+SHAPE = (40, 6)
+ROW_BYTES = SHAPE[1] * 8
+
+
+def _write(tmp_path: Path, record: LeafRecord, array: np.ndarray) -> tuple[object, LeafRecord]:
+    from mpi4py import MPI
+
+    backend = open_backend("adios2")
+    placed = backend.layout([record])[0]
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, placed.blocks[0], array)])
+    return backend, placed
+
+
+def _whole() -> np.ndarray:
+    return np.arange(np.prod(SHAPE), dtype="<f8").reshape(SHAPE) * 1.5
+
+
+@pytest.mark.parametrize(
+    ("offset", "shape"),
+    [((0, 0), SHAPE), ((7, 0), (9, 6)), ((0, 2), (40, 3)), ((11, 5), (5, 1))],
+    ids=["whole", "rows", "columns", "one-column"],
+)
+def test_a_box_is_read_in_slabs_exactly_and_reports_its_bytes_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset, shape
+) -> None:
+    monkeypatch.setattr(bp5, "READ_SLAB", 4 * ROW_BYTES)  # slabs of 4 full rows (fewer for a narrower box)
+    whole = _whole()
+    backend, placed = _write(tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)),
+                             whole)  # fmt: skip
+    out = np.full(shape, -1.0)
+    reports: list[int] = []
+    backend.read(tmp_path, [BlockData(placed, Block(0, offset, shape, "0"), out)], lambda _, end: reports.append(end))
+    assert np.array_equal(out, whole[offset[0] : offset[0] + shape[0], offset[1] : offset[1] + shape[1]])
+    rows_per_slab = 4 * ROW_BYTES // (shape[1] * 8)
+    assert reports == [min(shape[0], end) * shape[1] * 8 for end in range(rows_per_slab, shape[0] + rows_per_slab,
+                                                                           rows_per_slab)]  # fmt: skip
+
+
+def test_a_local_block_and_a_byte_encoded_leaf_read_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bp5, "READ_SLAB", 64)
+    local = np.arange(30, dtype=np.int32).reshape(5, 6)
+    backend, placed = _write(tmp_path / "local", LeafRecord("v", "local", "<i4", None, (Block(0, None, (5, 6), "0"),)),
+                             local)  # fmt: skip
+    out = np.zeros_like(local)
+    reports: list[int] = []
+    backend.read(tmp_path / "local", [BlockData(placed, placed.blocks[0], out)], lambda _, end: reports.append(end))
+    assert np.array_equal(out, local) and reports == [local.nbytes]
+
+    flags = np.arange(24).reshape(4, 6) % 3 == 0  # bool: stored as bytes, one more axis
+    backend, placed = _write(tmp_path / "bytes", LeafRecord("f", "distributed", "|b1", (4, 6),
+                                                            (Block(0, (0, 0), (4, 6), "0"),)), flags)  # fmt: skip
+    assert placed.location["encoding"] == "bytes"
+    got = np.zeros((2, 6), dtype=bool)
+    backend.read(tmp_path / "bytes", [BlockData(placed, Block(0, (2, 0), (2, 6), "0"), got)])
+    assert np.array_equal(got, flags[2:])
+
+
+def test_a_variable_of_another_type_or_shape_is_refused_naming_it(tmp_path: Path) -> None:
+    backend, placed = _write(tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)),
+                             _whole())  # fmt: skip
+    as_int = LeafRecord("u", "distributed", "<i8", SHAPE, placed.blocks, placed.location)
+    with pytest.raises(ValueError, match=r"data.bp: variable .u.: it holds float64, not int64"):
+        backend.read(tmp_path, [BlockData(as_int, placed.blocks[0], np.empty(SHAPE, dtype=np.int64))])
+    taller = LeafRecord("u", "distributed", "<f8", (41, 6), placed.blocks, placed.location)
+    with pytest.raises(KeyError, match=r"variable 'u' has shape \[40, 6\], not \[41, 6\]"):
+        backend.read(tmp_path, [BlockData(taller, placed.blocks[0], np.empty(SHAPE))])
+    missing = LeafRecord("w", "distributed", "<f8", SHAPE, placed.blocks, {**placed.location, "variable": "w"})
+    with pytest.raises(KeyError, match=r"has no variable 'w'"):
+        backend.read(tmp_path, [BlockData(missing, placed.blocks[0], np.empty(SHAPE))])
