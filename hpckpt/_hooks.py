@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 FAULT_PLAN_ENV = "HPCKPT_FAULT"
 ATTEMPT_ENV = "HPCKPT_ATTEMPT"  # set by `hpckpt run` for each relaunch; faults fire in attempt 0 only
+FINISHED_FILE_ENV = "HPCKPT_FINISHED_FILE"  # set by `hpckpt run`; Checkpointer.finish creates the file
 _hook: Callable[[str], None] | None = None
 
 

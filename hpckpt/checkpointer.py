@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ._comm import run_phase
+from ._hooks import FINISHED_FILE_ENV
 from .buffers.device import STAGER
 from .engines import Engine, SaveHandle, open_engine
 from .options import Options
+from .protocols.restore import RestoreChoice, Restored
 from .recovery import ulfm
 from .recovery.in_job import InJobRecovery
 from .storage.commit import RunDirectory
@@ -87,6 +90,7 @@ class Checkpointer:
         self._comm: MPI.Comm | None = None
         self._engine: Engine | None = None
         self._closed = False
+        self.last_restore: Restored | None = None  # the last restore's step and what it left alone
         try:
             control = self._attach(comm)
             if self.last_recovery is not None:  # a replacement: attached to the repaired communicator
@@ -175,9 +179,9 @@ class Checkpointer:
         """Finish every non-blocking save; raise the first error among them. Collective."""
         self.engine.settle(wait=True)
 
-    def restore(self, state: Any, *, local_from: Callable[[int], int] | None = None,
-                allow_pickle: bool = False) -> int | None:  # fmt: skip
-        """Fill ``state`` from the newest committed step that verifies.
+    def restore(self, state: Any, *, step: int | None = None, strict: bool = True,
+                local_from: Callable[[int], int] | None = None, allow_pickle: bool = False) -> int | None:  # fmt: skip
+        """Fill ``state`` from the newest committed step that verifies (or from ``step``).
 
         Collective over ``comm``. Arrays in the tree are filled in place; plain values
         in dicts and lists are replaced. A corrupt newest step is reported with a
@@ -193,6 +197,16 @@ class Checkpointer:
         ----------
         state
             The tree to fill, of the same structure as the one saved.
+        step
+            Restore this committed step, and no other: a corrupt one raises instead
+            of falling back. Coordinated protocol only.
+        strict
+            False: restore the leaves that both the state and the step have; leave
+            the state's others as they are and skip the step's others (a state that
+            gained or lost leaves since the save). What was left alone is in
+            :attr:`last_restore` and a :class:`~hpckpt.PartialRestoreWarning` (rank
+            0). Leaves of both that differ (kind, dtype, shape) are still refused.
+            Coordinated protocol only.
         local_from
             ``local_from(rank)`` is the writer rank whose Local blocks ``rank``
             takes (for example ``lambda rank: rank % 4`` after 4 ranks wrote).
@@ -211,8 +225,10 @@ class Checkpointer:
         ------
         StateMismatchError
             On every rank, when the tree differs from the checkpoint (missing or extra
-            leaf, other kind, shape, dtype, global shape, or a Local leaf on another
-            number of ranks without ``local_from``).
+            leaf, unless ``strict=False``; other kind, shape, dtype, global shape, or a
+            Local leaf on another number of ranks without ``local_from``).
+        MissingStepError
+            On every rank, when ``step`` is not committed (it lists the steps that are).
         CorruptCheckpointError
             On every rank, when no committed step verifies.
         CollectiveError
@@ -220,7 +236,8 @@ class Checkpointer:
             on every rank, naming :class:`~hpckpt.errors.UnsafeLoadError`, when the
             state holds Pickled leaves without ``allow_pickle=True``.
         """
-        return self.engine.restore(state, local_from, allow_pickle)
+        self.last_restore = self.engine.restore(state, RestoreChoice(local_from, step, strict), allow_pickle)
+        return None if self.last_restore is None else self.last_restore.step
 
     def recover(self, state: Any, failure: BaseException, *, allow_pickle: bool = False) -> int | None:
         """After a process failure: repair :attr:`comm`, replace the lost ranks, restore.
@@ -293,6 +310,25 @@ class Checkpointer:
         """The newest committed step, or None. As :meth:`steps`."""
         steps = self.steps()
         return steps[-1] if steps else None
+
+    def finish(self) -> None:
+        """Say that the job's work is done, once, after its last save. Collective over ``comm``.
+
+        Finishes every non-blocking save first (as :meth:`wait`). Under ``hpckpt run``,
+        rank 0 then creates the file that ``hpckpt run`` names in
+        ``HPCKPT_FINISHED_FILE`` for each attempt, so that a non-zero exit after this (a
+        library that aborts at exit) is reported and not relaunched: a relaunch would
+        redo the job's last steps.
+        """
+        self.wait()
+        marker = os.environ.get(FINISHED_FILE_ENV)
+        control = self.engine.control
+
+        def mark() -> None:
+            if marker and control.rank == 0:
+                Path(marker).touch()
+
+        run_phase(control, "finish", mark)
 
     def close(self, *, drain: bool = True) -> None:
         """Release the duplicated communicators. Collective over ``comm``.

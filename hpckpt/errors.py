@@ -25,6 +25,10 @@ class CorruptCheckpointError(HpckptError, ValueError):
     """Stored data failed verification (checksum, missing dataset, unreadable file)."""
 
 
+class MissingStepError(HpckptError, LookupError):
+    """The step asked for is not a committed step of the run directory (the message lists those that are)."""
+
+
 class NoSpaceError(HpckptError, OSError):
     """The file system lacks the space a save needs; nothing was written."""
 
@@ -69,3 +73,7 @@ class PickleWarning(UserWarning):
 
 class CheckpointFallbackWarning(UserWarning):
     """The newest committed step failed verification; an older step is used instead."""
+
+
+class PartialRestoreWarning(UserWarning):
+    """A non-strict restore left leaves alone: in the state but not in the step, or the other way round."""

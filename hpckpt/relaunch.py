@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from ._hooks import ATTEMPT_ENV
+from ._hooks import ATTEMPT_ENV, FINISHED_FILE_ENV
 from .slurm import READY_FILE_ENV, STOPPED_EXIT_CODE
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
@@ -44,7 +44,9 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
     SIGUSR2 wait until the command's ranks can take them (:class:`hpckpt.slurm.JobControl`
     reports it through ``HPCKPT_READY_FILE``), or at most ``READY_WAIT`` seconds.
 
-    An attempt that exits with :data:`~hpckpt.slurm.STOPPED_EXIT_CODE` stopped on
+    An attempt whose job called :meth:`hpckpt.Checkpointer.finish` (it creates the file
+    named in ``HPCKPT_FINISHED_FILE``) is not relaunched, whatever its exit status: its
+    work is done. An attempt that exits with :data:`~hpckpt.slurm.STOPPED_EXIT_CODE` stopped on
     purpose after a checkpoint: it is not relaunched, and with ``requeue`` inside a
     Slurm job (unless SIGTERM or SIGINT came here) the job is requeued with
     ``scontrol requeue $SLURM_JOB_ID``.
@@ -76,11 +78,15 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
             if stopping:  # SIGTERM or SIGINT came while it started
                 attempt_process.signal(signal.SIGTERM)
             status = attempt_process.wait()
-            attempt_process = None
+            finished, attempt_process = attempt_process.finished, None
             elapsed = time.monotonic() - started
             if status == 0:
                 report(f"attempt {attempt + 1}/{attempts} succeeded after {elapsed:.1f} s")
                 return 0
+            if finished:
+                report(f"attempt {attempt + 1}/{attempts} finished its work (Checkpointer.finish) but then exited "
+                       f"with {describe_status(status)} after {elapsed:.1f} s; not relaunching")
+                return exit_code(status)
             if status == STOPPED_EXIT_CODE:
                 report(f"attempt {attempt + 1}/{attempts} stopped with a checkpoint after {elapsed:.1f} s "
                        f"(exit status {status}); not relaunching")
@@ -106,16 +112,13 @@ class _Attempt:
     """One run of the command, holding back SIGUSR1/SIGUSR2 until its ranks are ready."""
 
     def __init__(self, command: Sequence[str], attempt: int, held: list[int]) -> None:
-        try:  # the working directory: on a cluster, the ranks' nodes see it too
-            fd, ready = tempfile.mkstemp(prefix=".hpckpt-ready-", dir=os.getcwd())
-        except OSError:
-            fd, ready = tempfile.mkstemp(prefix=".hpckpt-ready-")
-        os.close(fd)
-        os.unlink(ready)
-        self.ready_file = Path(ready)
+        self.ready_file = _unused_path(".hpckpt-ready-")
+        self.finished_file = _unused_path(".hpckpt-finished-")
+        self.finished = False  # the job called Checkpointer.finish (known after wait)
         self.started = time.monotonic()
         self.held = held  # the caller's list: a signal arriving while this starts is kept
-        env = {**os.environ, ATTEMPT_ENV: str(attempt), READY_FILE_ENV: ready}
+        env = {**os.environ, ATTEMPT_ENV: str(attempt), READY_FILE_ENV: str(self.ready_file),
+               FINISHED_FILE_ENV: str(self.finished_file)}  # fmt: skip
         self.process = subprocess.Popen(list(command), env=env)
 
     def ready(self) -> bool:
@@ -137,7 +140,21 @@ class _Attempt:
                 while self.held and self.ready():
                     self.process.send_signal(self.held.pop(0))
         finally:
+            self.finished = self.finished_file.exists()
             self.ready_file.unlink(missing_ok=True)
+            self.finished_file.unlink(missing_ok=True)
+
+
+def _unused_path(prefix: str) -> Path:
+    """A file name no other file has, in the working directory (on a cluster the ranks'
+    nodes see it too) or else the temporary directory; the file itself is not there."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=os.getcwd())
+    except OSError:
+        fd, name = tempfile.mkstemp(prefix=prefix)
+    os.close(fd)
+    os.unlink(name)
+    return Path(name)
 
 
 def requeue_slurm_job() -> None:

@@ -14,6 +14,7 @@ from ..errors import PickleWarning, UnsafeLoadError
 from ..model.leaves import Pickled
 from ..model.tree import flatten
 from ..protocols.coordinated import SaveReport
+from ..protocols.restore import RestoreChoice, Restored
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -74,29 +75,30 @@ class Engine:
     def settle(self, *, wait: bool = False) -> None:
         """Report finished non-blocking saves; raise the first failure (none here)."""
 
-    def restore(self, state: Any, local_from: Callable[[int], int] | None, allow_pickle: bool) -> int | None:
-        """Fill ``state`` from the newest committed step (see :meth:`hpckpt.Checkpointer.restore`).
+    def restore(self, state: Any, choice: RestoreChoice, allow_pickle: bool) -> Restored | None:
+        """Fill ``state`` from the newest committed step, or the chosen one (see
+        :meth:`hpckpt.Checkpointer.restore`).
 
         Collective over ``control``: the pickled-leaves check, the engine's own restore,
         then the unpickling, each agreed on every rank.
         """
         self.settle(wait=True)
         pickled = run_phase(self.control, "restore: pickled leaves", lambda: pickled_leaves(state, allow_pickle))
-        step = self._restore_arrays(state, local_from)
-        if step is not None and pickled:
+        restored = self._restore_arrays(state, choice)
+        if restored is not None and pickled:
             if self.control.rank == 0:
                 names = ", ".join(repr(path) for path, _ in pickled)
-                warnings.warn(f"unpickling {names} of step {step} (allow_pickle=True): this runs code named in "
-                              "the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=3)
+                warnings.warn(f"unpickling {names} of step {restored.step} (allow_pickle=True): this runs code named "
+                              "in the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=3)
 
             def unpickle() -> None:
                 for _, leaf in pickled:
                     leaf.unpickle()
 
-            self._unpickle(step, unpickle)
-        return step
+            self._unpickle(restored.step, unpickle)
+        return restored
 
-    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
+    def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
         raise NotImplementedError
 
     def _unpickle(self, step: int, unpickle: Callable[[], None]) -> None:

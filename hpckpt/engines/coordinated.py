@@ -8,11 +8,10 @@ non-blocking (``blocking=False``, :mod:`hpckpt.engines.background`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..protocols.coordinated import SaveReport, save_coordinated
-from ..protocols.restore import list_committed_steps, restore_newest
+from ..protocols.restore import RestoreChoice, Restored, list_committed_steps, restore_newest
 from .background import BackgroundSaves, SaveHandle
 from .base import Engine
 
@@ -70,8 +69,8 @@ class CoordinatedEngine(Engine):
         self.settle()
         return list_committed_steps(self.control, self.run_dir)
 
-    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
-        return restore_newest(self.control, self.run_dir, self.backend, state, local_from=local_from)
+    def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
+        return restore_newest(self.control, self.run_dir, self.backend, state, choice)
 
     def close(self, *, drain: bool) -> None:
         background, self._background = self._background, None

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointFallbackWarning, CollectiveError
 from ..levels.store import NodeLocalStore, default_local_root
-from ..protocols.restore import list_committed_steps, restore_newest
+from ..protocols.restore import RestoreChoice, Restored, list_committed_steps, restore_newest
 from .background import SaveHandle
 from .coordinated import CoordinatedEngine
 
@@ -62,22 +61,25 @@ class MultiLevelEngine(CoordinatedEngine):
             return None
         return self._save_in_background(step, state, metric)
 
-    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
+    def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
+        """The newest node-local step when it is at least as new as the file system's
+        (or is the chosen step), else the file system's. Collective."""
         local = self._local.restorable_step()
         flushed = list_committed_steps(self.control, self.run_dir)
-        if local is not None and (not flushed or local >= flushed[-1]):
+        newest = choice.step is None and (not flushed or (local is not None and local >= flushed[-1]))
+        if local is not None and (newest or choice.step == local):
             try:
-                self._local.restore(local, state)
+                from_local = self._local.restore(local, state, choice)
                 self._local.discard_after(local)
                 self.stats.restored_level = "node-local"
-                return local
+                return from_local
             except CollectiveError as exc:
                 warnings.warn(f"node-local step {local} could not be restored ({exc}); using the file system",
                               CheckpointFallbackWarning, stacklevel=4)  # fmt: skip
-        step = restore_newest(self.control, self.run_dir, self.backend, state, local_from=local_from)
-        self.stats.restored_level = None if step is None else "file system"
-        self._local.discard_after(step)  # newer local steps than the restored one are stale
-        return step
+        restored = restore_newest(self.control, self.run_dir, self.backend, state, choice)
+        self.stats.restored_level = None if restored is None else "file system"
+        self._local.discard_after(None if restored is None else restored.step)  # newer local steps are stale
+        return restored
 
     def communicators(self) -> list[MPI.Comm]:
         return [] if self._local.group is None else [self._local.group]

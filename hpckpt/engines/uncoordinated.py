@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._comm import run_phase
 from ..messages.comm import LoggedComm
+from ..protocols.restore import RestoreChoice, Restored
 from ..protocols.uncoordinated import UncoordinatedRank
 from ..recovery import ulfm
 from .base import Engine
@@ -67,10 +68,11 @@ class UncoordinatedEngine(Engine):
         """This rank's committed steps. Not collective."""
         return self._rank.steps()
 
-    def _restore_arrays(self, state: Any, local_from: Callable[[int], int] | None) -> int | None:
-        if local_from is not None:
-            raise ValueError("local_from applies to the coordinated protocol only")
-        return self._rank.restore(self.control, state)
+    def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
+        if choice != RestoreChoice():
+            raise ValueError("local_from, step and strict=False apply to the coordinated protocol only")
+        step = self._rank.restore(self.control, state)
+        return None if step is None else Restored(step)
 
     def _unpickle(self, step: int, unpickle: Callable[[], None]) -> None:
         if self.options.recovery is not None:

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from .._comm import gather_phase, run_phase
 from ..protocols.coordinated import SaveReport, save_coordinated
-from ..protocols.restore import restore_newest
+from ..protocols.restore import RestoreChoice, Restored, restore_newest
 from ..storage.commit import RunDirectory, replace_directory
 from ..storage.names import rank_name, step_entries, step_name
 from ..storage.posix import PosixBackend
@@ -193,8 +194,9 @@ class NodeLocalStore:
                 if step is None or entry.step > step:
                     shutil.rmtree(entry.path, ignore_errors=True)
 
-    def restore(self, step: int, state: Any) -> None:
-        """Bring ``step`` back on every rank (rebuilding lost copies), then read it. Collective."""
+    def restore(self, step: int, state: Any, choice: RestoreChoice) -> Restored:
+        """Bring ``step`` back on every rank (rebuilding lost copies), then read it (with
+        ``choice``'s ``local_from`` and ``strict``). Collective."""
         missing = self.comm.allgather(step not in self.own.committed_steps())
         if self.redundancy == "partner":
             self._restore_from_partners(step, missing)
@@ -202,11 +204,13 @@ class NodeLocalStore:
             self._restore_from_parity(step, missing)
         from mpi4py import MPI
 
-        gather_phase(
+        restored = gather_phase(
             self.comm,
             f"local step {step}: read",
-            lambda: restore_newest(MPI.COMM_SELF, self.own, self.backend, state, only=[step]),
-        )
+            lambda: restore_newest(MPI.COMM_SELF, self.own, self.backend, state, replace(choice, step=step)),
+        )[self.comm.rank]
+        assert restored is not None  # the step is committed in self.own: restore_newest raised otherwise
+        return restored
 
     def _restore_from_partners(self, step: int, missing: list[bool]) -> None:
         requests = []

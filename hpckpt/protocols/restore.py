@@ -7,7 +7,9 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`):
    every rank compares its tree with it. A step that differs (a damaged manifest, or
    a tree that changed since) is passed over with a warning; when no step matches,
    the newest one's differences from every rank are merged into one
-   :class:`~hpckpt.errors.StateMismatchError`, raised on every rank.
+   :class:`~hpckpt.errors.StateMismatchError`, raised on every rank. A non-strict
+   restore takes a step whose leaves differ from the tree's only in which are there:
+   the leaves of one and not the other are left alone and reported.
 3. ``files``: rank 0 checks that every file of the step has its committed size (a
    truncated file is refused before any I/O library reads it: ADIOS2 2.12 waits
    forever on a cut data file).
@@ -35,7 +37,13 @@ from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
 from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import host_dtype, writable_target
-from ..errors import CheckpointFallbackWarning, CorruptCheckpointError, StateMismatchError
+from ..errors import (
+    CheckpointFallbackWarning,
+    CorruptCheckpointError,
+    MissingStepError,
+    PartialRestoreWarning,
+    StateMismatchError,
+)
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
 from ..model.reads import LocalSource, Overlap, is_member, local_source, member_bytes, overlaps
@@ -48,6 +56,31 @@ from ..storage.verified import read_verified
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    """What a restore takes besides the state (see :meth:`hpckpt.Checkpointer.restore`).
+
+    ``local_from(rank)``: the writer rank whose Local blocks ``rank`` takes; ``step``:
+    that committed step only, with no fallback to older ones; ``strict=False``: leaves
+    of the state that the step lacks, and leaves of the step that the state lacks, are
+    left alone (and reported in :class:`Restored`) instead of refused.
+    """
+
+    local_from: LocalSource | None = None
+    step: int | None = None
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A finished restore, alike on every rank: its step, and what a non-strict restore
+    left alone (leaf paths, plain values included)."""
+
+    step: int
+    missing: tuple[str, ...] = ()  # in the state but not in the step: left as they were
+    unexpected: tuple[str, ...] = ()  # in the step but not in the state: not read
 
 
 @dataclass(frozen=True)
@@ -99,20 +132,19 @@ def restore_newest(
     run_dir: RunDirectory,
     backend: Backend,
     state: Any,
-    *,
-    local_from: LocalSource | None = None,
-    only: list[int] | None = None,
-) -> int | None:
-    """Fill ``state`` from the newest committed step that verifies; return its step.
+    choice: RestoreChoice = RestoreChoice(),
+) -> Restored | None:
+    """Fill ``state`` from the newest committed step that verifies (``choice.step``: from
+    that step alone); say which step, and what was left alone (see :class:`RestoreChoice`).
 
     Collective over ``comm``: all ranks must call with trees of the same structure.
-    Returns None when the run directory has no committed step. ``local_from(rank)``
-    names the writer rank whose block of each Local leaf ``rank`` takes; without
-    it, Local leaves restore only on as many ranks as wrote them. ``only`` limits the
-    candidates to those steps (the multi-level store restores an agreed step).
+    Returns None when the run directory has no committed step. Without
+    ``choice.local_from``, Local leaves restore only on as many ranks as wrote them.
 
     Raises
     ------
+    MissingStepError
+        On every rank, when ``choice.step`` is not a committed step (it lists those that are).
     StateMismatchError
         On every rank, when no step matches the tree and one that was read differs
         from it (the newest such step's differences).
@@ -121,8 +153,11 @@ def restore_newest(
         hold partial data).
     """
     steps = list_committed_steps(comm, run_dir)
-    if only is not None:
-        steps = [step for step in steps if step in only]
+    if choice.step is not None:
+        if choice.step not in steps:
+            listed = ", ".join(str(step) for step in steps) or "none"
+            raise MissingStepError(f"step {choice.step} is not a committed step of {run_dir.root} (committed: {listed})")
+        steps = [choice.step]
     if not steps:
         return None
     slots = run_phase(comm, "restore: flatten", lambda: flatten(state))
@@ -141,7 +176,7 @@ def restore_newest(
             _warn_fallback(step, [str(exc)], steps)
             continue
         differences = _merged(gather_phase(
-            comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, local_from)
+            comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, choice)
         ))  # fmt: skip
         if differences:  # damage, or the user's tree changed: fatal only if no older step matches
             mismatch = mismatch or _mismatch_error(step, source, differences)
@@ -158,8 +193,9 @@ def restore_newest(
             _warn_fallback(step, damaged, steps)
             continue
         pieces, shares = run_phase(
-            comm, f"restore step {step}: plan", lambda: _plan_reads(manifest, slots, comm.size, comm.rank, local_from)
-        )
+            comm, f"restore step {step}: plan",
+            lambda: _plan_reads(manifest, slots, comm.size, comm.rank, choice.local_from),
+        )  # fmt: skip
         corrupt = gather_phase(
             comm,
             f"restore step {step}: read",
@@ -181,7 +217,7 @@ def restore_newest(
         for slot in slots:
             if slot.path in manifest.values:
                 slot.replace(manifest.values[slot.path])
-        return step
+        return _restored(step, manifest, slots, comm.rank)
     if mismatch is not None:
         raise mismatch
     raise CorruptCheckpointError(
@@ -213,27 +249,37 @@ def _warn_fallback(step: int, findings: list[str], steps: list[int], what: str =
     warnings.warn(f"checkpoint step {step} {what} ({shown}); {then}", CheckpointFallbackWarning, stacklevel=4)
 
 
-def _differences(
-    manifest: Manifest, slots: list[Slot], size: int, rank: int, local_from: LocalSource | None
-) -> list[str]:
-    """What differs between this rank's tree and ``manifest`` (empty when they match)."""
-    source = local_source(manifest, size, rank, local_from)
+def _restored(step: int, manifest: Manifest, slots: list[Slot], rank: int) -> Restored:
+    """``step``'s :class:`Restored`, with what it left alone; rank 0 warns when anything was."""
+    in_state = {slot.path for slot in slots}
+    in_step = [record.path for record in manifest.tree_leaves] + list(manifest.values)
+    missing = tuple(path for path in in_state.difference(in_step))
+    unexpected = tuple(path for path in in_step if path not in in_state)
+    if (missing or unexpected) and rank == 0:
+        warnings.warn(f"restored step {step} without the state's leaves {sorted(missing)} (not in the step, left as "
+                      f"they were) and without the step's leaves {list(unexpected)} (not in the state)",
+                      PartialRestoreWarning, stacklevel=5)  # fmt: skip
+    return Restored(step, tuple(sorted(missing)), unexpected)
+
+
+def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, choice: RestoreChoice) -> list[str]:
+    """What differs between this rank's tree and ``manifest`` (empty when they match);
+    not strict, leaves of only one of them are not differences."""
+    source = local_source(manifest, size, rank, choice.local_from)
     stored = {record.path: record for record in manifest.tree_leaves}
     found: list[str] = []
     for slot in slots:
         leaf = slot.value
         if not isinstance(leaf, ARRAY_LEAF_TYPES):
-            if slot.path not in manifest.values:
-                kind = stored[slot.path].kind if slot.path in stored else None
-                found.append(
-                    f"plain value {slot.path!r} is a {kind} array in the checkpoint"
-                    if kind
-                    else f"plain value {slot.path!r} is not in the checkpoint"
-                )
+            if slot.path in stored:
+                found.append(f"plain value {slot.path!r} is a {stored[slot.path].kind} array in the checkpoint")
+            elif slot.path not in manifest.values and choice.strict:
+                found.append(f"plain value {slot.path!r} is not in the checkpoint")
             continue
         record = stored.get(slot.path)
         if record is None:
-            found.append(f"{leaf.kind} leaf {slot.path!r} is not in the checkpoint")
+            if choice.strict:
+                found.append(f"{leaf.kind} leaf {slot.path!r} is not in the checkpoint")
             continue
         if record.kind != leaf.kind:
             found.append(f"leaf {slot.path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint")
@@ -287,6 +333,8 @@ def _differences(
                 f"leaf {slot.path!r}: the block of rank {block.rank} declares shape {block.shape} "
                 f"({nbytes} bytes), more than the step can hold ({limit} bytes)"
             )
+    if not choice.strict:
+        return found
     paths = {slot.path for slot in slots}
     found += [
         f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state"
@@ -294,6 +342,8 @@ def _differences(
         if r.path not in paths
     ]
     found += [f"plain value {p!r} is in the checkpoint but not in the state" for p in manifest.values if p not in paths]
+    if any(finding.endswith(("is not in the checkpoint", "but not in the state")) for finding in found):
+        found.append("(Checkpointer.restore(state, strict=False) restores the leaves both have and leaves the others alone)")
     return found
 
 
@@ -332,9 +382,9 @@ def _plan_reads(
     shares: list[_Share] = []
     for slot in slots:
         leaf = slot.value
-        if not isinstance(leaf, ARRAY_LEAF_TYPES):
+        record = stored.get(slot.path)
+        if not isinstance(leaf, ARRAY_LEAF_TYPES) or record is None:  # a plain value, or not in a non-strict step
             continue
-        record = stored[slot.path]
         device = leaf.array if is_device_array(leaf.array) else None
         if device is not None:
             destination = STAGER.pinned_buffer(slot.path, leaf.shape, np.dtype(record.dtype))

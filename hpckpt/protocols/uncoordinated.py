@@ -83,7 +83,8 @@ class UncoordinatedRank:
         tree = {"app": state, MESSAGES_KEY: messages}
 
         def restore_own() -> int | None:
-            return restore_newest(self._self, self.run_dir, self.backend, tree)
+            restored = restore_newest(self._self, self.run_dir, self.backend, tree)
+            return None if restored is None else restored.step
 
         step = run_phase(world, "restore (uncoordinated): own checkpoint", restore_own)
         restored = MessageState.from_tree(messages)

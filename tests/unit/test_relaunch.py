@@ -3,6 +3,7 @@
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,27 @@ def test_usr1_waits_until_the_command_is_ready_for_it(tmp_path):
         stderr = first + process.communicate(timeout=30)[1]
     assert process.returncode == 75, stderr
     assert log.read_text().split() == ["ready", "got-usr1"]
+
+
+def test_a_job_that_called_finish_is_not_relaunched_after_a_failing_exit(tmp_path):
+    log = tmp_path / "attempts"
+    job = (  # a real Checkpointer on one rank: its last save, finish(), then an abort at exit
+        "import os, numpy as np, hpckpt\n"
+        f"open({str(log)!r}, 'a').write(os.environ['HPCKPT_ATTEMPT'] + '\\n')\n"
+        f"with hpckpt.Checkpointer({str(tmp_path / 'run')!r}, backend='posix') as checkpointer:\n"
+        "    checkpointer.save(1, {'x': hpckpt.Local(np.arange(4.0))})\n"
+        "    checkpointer.finish()\n"
+        "os._exit(3)\n"
+    )
+    result = hpckpt_run("--delay", "0", "--", sys.executable, "-c", job)
+    assert result.returncode == 3, result.stderr
+    assert log.read_text().split() == ["0"]  # one attempt: the finished job ran once
+    assert "attempt 1/4 finished its work (Checkpointer.finish) but then exited with exit status 3" in result.stderr
+    assert "relaunching" not in result.stderr.replace("not relaunching", "")
+    assert not list(Path.cwd().glob(".hpckpt-finished-*"))  # the attempt's marker is cleaned up
+
+
+def test_a_job_that_fails_before_finish_is_relaunched(tmp_path):
+    job = "import os, sys; sys.exit(0 if os.environ['HPCKPT_ATTEMPT'] == '1' else 5)"
+    result = hpckpt_run("--delay", "0", "--", sys.executable, "-c", job)
+    assert result.returncode == 0 and "attempt 1/4 failed after" in result.stderr
