@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .buffers.bfloat16 import BFLOAT16, as_bfloat16
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, MissingStepError
 from .model.boxes import local_slices
 from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .model.reads import is_member, member_bytes
@@ -107,15 +107,28 @@ class CheckpointReader:
         return self.run_dir.committed_steps()
 
     def newest(self) -> int:
-        """The newest committed step; CorruptCheckpointError when there is none."""
+        """The newest committed step; :class:`~hpckpt.MissingStepError` when there is none."""
         steps = self.steps()
         if not steps:
-            raise CorruptCheckpointError(f"{self.run_dir.root} holds no committed step")
+            raise MissingStepError(f"{self.run_dir.root} holds no committed step")
         return steps[-1]
 
     def manifest(self, step: int | None = None) -> Manifest:
-        """The manifest of ``step`` (default: the newest committed step)."""
-        return self.run_dir.manifest(self.newest() if step is None else step)
+        """The manifest of ``step`` (default: the newest committed step).
+
+        Raises
+        ------
+        MissingStepError
+            When ``step`` has no step directory with a manifest (it lists the committed steps).
+        CorruptCheckpointError
+            When the step's manifest is there but cannot be read or parsed.
+        """
+        if step is None:
+            step = self.newest()
+        elif not self.run_dir.manifest_path(step).exists():
+            listed = ", ".join(str(s) for s in self.steps()) or "none"
+            raise MissingStepError(f"{self.run_dir.root} has no committed step {step} (committed steps: {listed})")
+        return self.run_dir.manifest(step)
 
     def record(self, path: str, step: int | None = None) -> LeafRecord:
         """The record of array leaf ``path`` of the saved tree (``Manifest.tree_leaves``:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import HpckptError
+from .errors import HpckptError, MissingStepError
 from .relaunch import run_with_relaunch
 from .storage import backend_names
 from .storage.integrity import damaged_files
@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "directory with its status (committed, incomplete, corrupt), size, commit time, "
                                   "backend, protocol and number of ranks.")
     listing.add_argument("directory")
+    listing.add_argument("--verify", action="store_true", help="also recompute every checksum of each committed step "
+                         "(a step whose data is damaged is then listed as corrupt; exit 1 if any is)")
     listing.add_argument("--json", action="store_true", help="print JSON for scripts")
     listing.set_defaults(handler=_ls)
 
@@ -81,7 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):  # fmt: skip
         step_command = commands.add_parser(name, help=summary, description=description)
         step_command.add_argument("directory")
-        step_command.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
+        chosen = step_command.add_mutually_exclusive_group() if name == "verify" else step_command
+        chosen.add_argument("--step", type=_non_negative_int, help="the step (default: the newest committed)")
+        if name == "verify":
+            chosen.add_argument("--all", action="store_true", help="every committed step, oldest first; exit 1 if "
+                                "any is bad")
         step_command.add_argument("--json", action="store_true", help="print JSON for scripts")
         step_command.set_defaults(handler=handler)
 
@@ -126,23 +132,29 @@ def _when(seconds: float) -> str:
 def _ls(args: argparse.Namespace) -> int:
     from .progress import human_bytes
 
+    reader = _reader(args.directory)
     rows = []
-    for entry in _reader(args.directory).entries():
+    for entry in reader.entries():
         manifest = entry.manifest
+        status, problem = entry.status, entry.problem
+        if args.verify and status == "committed":
+            findings = _verified(reader, entry.step)
+            status, problem = ("corrupt", findings[0].message) if findings else ("verified", None)
         rows.append({
             "step": entry.step,
-            "status": entry.status,
+            "status": status,
             "path": str(entry.path),
             "bytes": entry.bytes,
             "committed": manifest.committed if manifest else None,
             "backend": manifest.backend if manifest else None,
             "protocol": manifest.protocol if manifest else None,
             "world_size": manifest.world_size if manifest else None,
-            "problem": entry.problem,
+            "problem": problem,
         })  # fmt: skip
+    damaged = args.verify and any(row["status"] == "corrupt" for row in rows)
     if args.json:
         print(json.dumps(rows, indent=1))
-        return 0
+        return 1 if damaged else 0
     print(f"{'STEP':>10}  {'STATUS':<10}  {'SIZE':>10}  {'COMMITTED':<19}  {'BACKEND':<7}  {'PROTOCOL':<13}  RANKS")
     for row in rows:
         committed = _when(row["committed"]) if row["committed"] else "-"
@@ -152,7 +164,20 @@ def _ls(args: argparse.Namespace) -> int:
         )
         if row["problem"]:
             print(f"{'':>10}  {row['problem']}")
-    return 0
+    return 1 if damaged else 0
+
+
+def _verified(reader: Any, step: int) -> list[Any]:
+    """The findings of recomputing every checksum of ``step``, with a progress line on a terminal."""
+    from .progress import ProgressLine
+
+    manifest = reader.manifest(step)
+    total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+    progress = ProgressLine(f"verify step {step}", total)
+    try:
+        return reader.verify(step, progress)
+    finally:
+        progress.close()
 
 
 def _box(offset: Sequence[int], shape: Sequence[int]) -> str:
@@ -236,31 +261,32 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .progress import ProgressLine
-
     reader = _reader(args.directory)
-    manifest = reader.manifest(args.step)
-    total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
-    progress = ProgressLine(f"verify step {manifest.step}", total)
-    findings = reader.verify(manifest.step, progress)
-    progress.close()
-    blocks = sum(len(record.blocks) for record in manifest.leaves)
+    steps = reader.steps() if args.all else [reader.manifest(args.step).step]
+    if not steps:
+        raise MissingStepError(f"{reader.run_dir.root} holds no committed step to verify")
+    results = []
+    for step in steps:
+        manifest = reader.manifest(step)
+        findings = _verified(reader, step)
+        blocks = sum(len(record.blocks) for record in manifest.leaves)
+        total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+        results.append({"step": step, "ok": not findings, "blocks": blocks, "bytes": total,
+                        "findings": [vars(finding) for finding in findings]})  # fmt: skip
+        if args.json:
+            continue
+        if findings:
+            print(f"step {step}: BAD: {findings[0].message}")
+            if len(findings) > 1:
+                print(f"step {step}: and {len(findings) - 1} more bad block(s) or file(s)")
+        else:
+            print(f"step {step}: OK: {blocks} blocks, {total} bytes, every {manifest.checksum_algorithm} checksum matches")
+    bad = [result["step"] for result in results if not result["ok"]]
     if args.json:
-        print(json.dumps({
-            "step": manifest.step,
-            "ok": not findings,
-            "blocks": blocks,
-            "bytes": total,
-            "findings": [vars(finding) for finding in findings],
-        }, indent=1))  # fmt: skip
-    elif findings:
-        first = findings[0]
-        print(f"step {manifest.step}: BAD: {first.message}")
-        if len(findings) > 1:
-            print(f"step {manifest.step}: and {len(findings) - 1} more bad block(s) or file(s)")
-    else:
-        print(f"step {manifest.step}: OK: {blocks} blocks, {total} bytes, every {manifest.checksum_algorithm} checksum matches")
-    return 1 if findings else 0
+        print(json.dumps(results if args.all else results[0], indent=1))
+    elif args.all:
+        print(f"{len(steps) - len(bad)} of {len(steps)} committed step(s) OK" + (f"; bad: {bad}" if bad else ""))
+    return 1 if bad else 0
 
 
 def _convert(args: argparse.Namespace) -> int:
