@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from .errors import CorruptCheckpointError, MissingStepError
 from .model.boxes import local_slices
 from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .model.reads import is_member, member_bytes
+from .model.tree import nest
 from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import RunDirectory
@@ -129,6 +131,19 @@ class CheckpointReader:
             listed = ", ".join(str(s) for s in self.steps()) or "none"
             raise MissingStepError(f"{self.run_dir.root} has no committed step {step} (committed steps: {listed})")
         return self.run_dir.manifest(step)
+
+    def tree(self, step: int | None = None) -> Any:
+        """The state tree of ``step`` as it was saved: its dicts and lists and plain
+        values, and each array leaf as its :class:`~hpckpt.model.manifest.LeafRecord`
+        (kind, dtype, shape, blocks; read it with :meth:`read_array` or
+        :meth:`local_blocks`). Empty dicts and lists are not stored. Steps written
+        before manifest version 4 do not say which containers were lists: theirs come
+        back as dicts keyed ``"0"``, ``"1"``, ...
+        """
+        manifest = self.manifest(step)
+        leaves: dict[str, Any] = {record.path: record for record in manifest.tree_leaves}
+        leaves.update(manifest.values)
+        return nest(dict(sorted(leaves.items(), key=lambda item: item[0].split("/"))), manifest.lists)
 
     def record(self, path: str, step: int | None = None) -> LeafRecord:
         """The record of array leaf ``path`` of the saved tree (``Manifest.tree_leaves``:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import HpckptError, MissingStepError
+from .model.tree import nest
 from .relaunch import run_with_relaunch
 from .storage import backend_names
 from .storage.integrity import damaged_files
@@ -213,6 +214,9 @@ def _inspect(args: argparse.Namespace) -> int:
             "location": record.location,
             "encoding": record.encoding,
         })  # fmt: skip
+    in_tree_order = sorted([*manifest.values.items(), *((leaf["path"], _ArrayLeaf(leaf)) for leaf in leaves)],
+                           key=lambda item: item[0].split("/"))  # fmt: skip
+    tree = nest(dict(in_tree_order), manifest.lists)
     summary = {
         "step": manifest.step,
         "backend": manifest.backend,
@@ -223,10 +227,11 @@ def _inspect(args: argparse.Namespace) -> int:
         "delta_base": manifest.delta_base,
         "leaves": leaves,
         "values": manifest.values,
+        "tree": tree,
         "damaged": damaged,
     }
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1, default=repr))
         return 1 if damaged else 0
     total = sum(record.nbytes for record in manifest.leaves)
     print(
@@ -253,11 +258,32 @@ def _inspect(args: argparse.Namespace) -> int:
             codec = f" [{block['codec']}{', lossy' if block['codec'] == LOSSY_CODEC else ''}]" if block["codec"] else ""
             packed = " (packed)" if block["packed"] else ""
             print(f"      rank {block['rank']}: {where}{home}{codec}{packed}")
-    for path, value in manifest.values.items():
-        print(f"  {path}: value {value!r}")
+    for key, entry in (tree.items() if isinstance(tree, dict) else enumerate(tree)):
+        if _holds_values(entry):  # nested as saved, with its array leaves named
+            print(f"  {key}: value {entry!r}")
     for problem in damaged:
         print(f"hpckpt inspect: step {manifest.step} cannot be restored: {problem}", file=sys.stderr)
     return 1 if damaged else 0
+
+
+class _ArrayLeaf:
+    """An array leaf where it stands in a tree of plain values, shown as ``<kind dtype shape>``."""
+
+    def __init__(self, leaf: dict[str, Any]) -> None:
+        shape = tuple(leaf["shape"]) if leaf["shape"] is not None else "per rank"
+        self.text = f"<{leaf['kind']} {leaf['dtype']} {shape}>"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _holds_values(entry: Any) -> bool:
+    """True when ``entry`` is a plain value or a container with one somewhere inside."""
+    if isinstance(entry, dict):
+        return any(_holds_values(value) for value in entry.values())
+    if isinstance(entry, list):
+        return any(_holds_values(value) for value in entry)
+    return not isinstance(entry, _ArrayLeaf)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -84,6 +84,7 @@ class RankPlan:
 
     leaves: tuple[LeafPlan, ...]
     values: dict[str, Any]
+    lists: tuple[str, ...] = ()  # the paths of the tree's lists (:func:`~hpckpt.model.tree.list_paths`)
 
 
 def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:

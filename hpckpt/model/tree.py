@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,3 +98,45 @@ def _walk(node: dict | list, prefix: str, slots: list[Slot]) -> None:
                 f"leaf {path!r} has unsupported type {type(value).__name__}; expected a dict, list, "
                 "hpckpt array leaf, or int/float/str/bool/None"
             )
+
+
+def list_paths(state: dict | list) -> tuple[str, ...]:
+    """The paths of the lists in ``state`` (``""``: ``state`` itself), in tree order."""
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, list):
+            found.append(path)
+            entries: Any = ((str(index), value) for index, value in enumerate(node))
+        elif isinstance(node, dict):
+            entries = sorted((str(key), value) for key, value in node.items())
+        else:
+            return
+        for name, value in entries:
+            walk(value, f"{path}/{name}" if path else name)
+
+    walk(state, "")
+    return tuple(found)
+
+
+def nest(leaves: Mapping[str, Any], lists: Collection[str], make: Callable[[str, Any], Any] = lambda _, v: v) -> Any:
+    """The tree whose leaf at each path of ``leaves`` is ``make(path, value)``: dicts,
+    and lists at the paths in ``lists`` (their entries in index order). The inverse of
+    :func:`flatten` for a tree without empty containers. Pure."""
+    root: dict[str, Any] = {}
+    for path, value in leaves.items():
+        node = root
+        *parents, name = path.split("/")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[name] = make(path, value)
+
+    def build(node: Any, path: str) -> Any:
+        if not isinstance(node, dict):
+            return node
+        children = {key: build(value, f"{path}/{key}" if path else key) for key, value in node.items()}
+        if path in lists:
+            return [children[key] for key in sorted(children, key=int)]
+        return children
+
+    return build(root, "")

@@ -57,7 +57,7 @@ from ..model.layout import (
 )
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
 from ..model.manifest import PACK_PATH, LeafRecord, Manifest
-from ..model.tree import Slot, flatten
+from ..model.tree import Slot, flatten, list_paths
 from ..storage.base import Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
 from ..storage.retention import RetentionPolicy, retain
@@ -165,7 +165,7 @@ def plan_local(
         )
     if members:
         leaves.append(_pack(members, encode, arrays, deferred, lent))
-    return RankPlan(tuple(leaves), values), arrays
+    return RankPlan(tuple(leaves), values, list_paths(state)), arrays
 
 
 def _pack(
@@ -373,6 +373,7 @@ def save_coordinated(
         file_checksums=dict.fromkeys(backend.metadata_files(files)),
         delta_base=delta.base if delta is not None and delta.reused else None,
         delta_chain=delta.chain if delta is not None and delta.reused else 0,
+        lists=gathered[0][1].lists,
     )
 
     def commit() -> None:

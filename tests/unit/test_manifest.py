@@ -71,6 +71,18 @@ def test_round_trip_is_exact():
     assert json.loads(manifest.to_json())["version"] == 1
 
 
+def test_the_lists_of_the_tree_are_kept_and_only_they_raise_the_version():
+    with_lists = replace(make_manifest(), lists=("", "layers/2"))
+    body = json.loads(with_lists.to_json())
+    assert body["version"] == 4 and body["lists"] == ["", "layers/2"]
+    assert Manifest.from_json(with_lists.to_json(), "m.json").lists == ("", "layers/2")
+    assert "lists" not in json.loads(make_manifest().to_json())  # older readers still read dict-only trees
+    assert Manifest.from_json(make_manifest().to_json(), "m.json").lists == ()
+    bad = {**unsigned(with_lists), "lists": ["a", 3]}
+    with pytest.raises(CorruptCheckpointError, match="lists is not an array of strings"):
+        Manifest.from_json(json.dumps(bad), "m.json")
+
+
 def test_block_of_rank():
     leaf = make_manifest().leaves[0]
     assert leaf.block_of(1).offset == (2, 0)
@@ -81,7 +93,7 @@ def test_block_of_rank():
     [
         ("{", "m.json: not a valid hpckpt manifest: Expecting property name"),
         ('{"format": "other"}', "format is 'other', expected 'hpckpt-manifest'"),
-        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2, 3)"),
+        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2, 3, 4)"),
         ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'step'"),
     ],
 )

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpckpt import Distributed, InvalidStateError, Local, Replicated
-from hpckpt.model.tree import flatten
+from hpckpt.model.tree import flatten, list_paths, nest
 
 
 def test_paths_are_sorted_and_nested():
@@ -61,3 +61,29 @@ def test_control_characters_in_keys_are_refused(key):
 
 def test_non_ascii_keys_are_kept():
     assert [slot.path for slot in flatten({"température": 1.5, "数据": {"ü": 2}})] == ["température", "数据/ü"]
+
+
+def test_nest_rebuilds_dicts_and_lists_as_flattened():
+    state = {"cfg": {"layers": [1, {"act": "gelu", "n": [2, 3]}], "bias": True}, "steps": [[4], [5, None]], "it": 7}
+    flat = {slot.path: slot.value for slot in flatten(state)}
+    assert flat["cfg/layers/1/n/0"] == 2
+    assert list_paths(state) == ("cfg/layers", "cfg/layers/1/n", "steps", "steps/0", "steps/1")
+    assert nest(flat, list_paths(state)) == state
+    assert nest(flat, ()) ["steps"] == {"0": {"0": 4}, "1": {"0": 5, "1": None}}  # unknown lists come back as dicts
+    assert list_paths([{"a": 1}]) == ("",) and nest({"0/a": 1}, ("",)) == [{"a": 1}]
+    assert nest({"a/b": 1}, (), lambda path, value: (path, value)) == {"a": {"b": ("a/b", 1)}}
+
+
+def test_a_checkpoint_reader_gives_back_the_tree_as_saved(tmp_path):
+    from mpi4py import MPI
+
+    import hpckpt
+
+    state = {"x": Local(np.arange(4.0)), "cfg": {"model_args": {"bias": True, "n": 3}, "layers": [1, {"w": Local(np.zeros(2))}]}}
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, state)
+    tree = hpckpt.CheckpointReader(tmp_path / "run").tree()
+    assert tree["cfg"]["model_args"] == {"bias": True, "n": 3} and tree["cfg"]["layers"][0] == 1
+    record = tree["cfg"]["layers"][1]["w"]
+    assert (record.path, record.kind, record.blocks[0].shape) == ("cfg/layers/1/w", "local", (2,))
+    assert list(tree) == ["cfg", "x"] and tree["x"].path == "x"
