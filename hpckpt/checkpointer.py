@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._comm import run_phase
+from ._comm import gather_phase, run_phase
 from ._hooks import FINISHED_FILE_ENV
 from .buffers.device import STAGER
 from .engines import Engine, SaveHandle, open_engine
+from .model.tree import check_plain
 from .options import Options
 from .protocols.restore import RestoreChoice, Restored
 from .recovery import ulfm
@@ -174,6 +176,39 @@ class Checkpointer:
             raise ValueError("due() needs a schedule: Checkpointer(..., schedule=hpckpt.Schedule(...))")
         self.engine.settle()
         return self.options.schedule.due(step, self.engine.control)
+
+    def broadcast(self, value: Any, root: int = 0) -> Any:
+        """``value`` as rank ``root`` has it, on every rank. Collective over ``comm``.
+
+        Plain values in the state must be equal on every rank; this is how a value known
+        on one rank (an evaluation run on rank 0, its best loss, a decision to stop)
+        becomes one: ``state["best_loss"] = checkpointer.broadcast(best_loss)``. The
+        other ranks' ``value`` is ignored. It travels as JSON, never pickled.
+
+        Parameters
+        ----------
+        value
+            On rank ``root``: an int, float, str, bool or None, or dicts (string keys)
+            and lists of them.
+        root
+            The rank whose value every rank gets.
+
+        Raises
+        ------
+        CollectiveError
+            On every rank, naming rank ``root`` and the path, when its value is not plain.
+        """
+        control = self.engine.control
+        if not 0 <= root < control.size:
+            raise ValueError(f"broadcast root {root} is not a rank of the {control.size} ranks")
+
+        def encode() -> str:
+            if control.rank != root:
+                return ""
+            check_plain(value)
+            return json.dumps(value)
+
+        return json.loads(gather_phase(control, f"broadcast from rank {root}", encode)[root])
 
     def wait(self) -> None:
         """Finish every non-blocking save; raise the first error among them. Collective."""

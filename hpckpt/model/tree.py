@@ -48,6 +48,21 @@ def is_plain(value: Any) -> bool:
     return isinstance(value, PLAIN_TYPES)
 
 
+def check_plain(value: Any, path: str = "") -> None:
+    """Raise :class:`~hpckpt.errors.InvalidStateError`, naming the path, unless ``value``
+    is a plain value or dicts (string keys) and lists of them."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_plain(item, f"{path}/{_check_key(key, path)}" if path else _check_key(key, path))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_plain(item, f"{path}/{index}" if path else str(index))
+    elif not is_plain(value):
+        where = f"{path!r}" if path else "the value"
+        raise InvalidStateError(f"{where} is a {type(value).__name__}; expected int, float, str, bool, None, "
+                                "or dicts and lists of them")
+
+
 def copy_containers(state: Any) -> Any:
     """``state`` with every dict and list copied; the leaves are the same objects."""
     if isinstance(state, dict):

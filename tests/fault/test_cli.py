@@ -116,6 +116,29 @@ def test_ls_verify_and_verify_all_check_every_committed_step(tmp_path):
     assert cli("ls", run_dir, "--verify").returncode == 0
 
 
+def test_diff_finds_a_crashed_and_relaunched_run_identical_and_a_changed_run_different(tmp_path):
+    clean, crashed, other = tmp_path / "clean", tmp_path / "crashed", tmp_path / "other"
+    assert run(heat_command(2, clean, "--backend", "posix", iters=60)).returncode == 0
+    first = run(heat_command(2, crashed, "--backend", "hdf5", "--crash-at-iter", "35", "--crash-rank", "1", iters=60))
+    assert first.returncode != 0 and json.loads(cli("ls", crashed, "--json").stdout)[-1]["step"] == 30  # it died at 35
+    again = run(heat_command(2, crashed, "--backend", "hdf5", iters=60))
+    assert again.returncode == 0 and again.resumed_from == "30"
+    steps = [row["step"] for row in json.loads(cli("ls", clean, "--json").stdout)]
+    same = cli("diff", clean, crashed)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert same.stdout.startswith(f"step {steps[-1]}: SAME: ") and "bit for bit" in same.stdout
+    assert run(heat_command(2, other, "--backend", "posix", n=98, iters=60)).returncode == 0
+    changed = cli("diff", clean, other, "--json")
+    assert changed.returncode == 1
+    report = json.loads(changed.stdout)
+    assert report["step"] == steps[-1] and not report["same"]
+    assert any(line == "array leaf 'field': distributed float64 (96, 96) != distributed float64 (98, 98)"
+               for line in report["differences"]), report["differences"]
+    missing = cli("diff", clean, other, "--step", "55")
+    listed = ", ".join(map(str, steps))
+    assert missing.returncode == 2 and f"has no committed step 55 (committed steps: {listed})" in missing.stderr
+
+
 def test_verify_reports_a_truncated_file(tmp_path):
     step_dir = save_known_state(tmp_path / "run", "posix")
     os.truncate(step_dir / "data-00001.bin", 10)

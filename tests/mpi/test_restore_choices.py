@@ -80,3 +80,18 @@ def test_uncoordinated_checkpoints_refuse_the_choices(world, mpi_tmp_path):
         checkpointer.save(1, {"x": hpckpt.Local(np.zeros(2))})
         with pytest.raises(ValueError, match="step and strict=False apply to the coordinated protocol"):
             checkpointer.restore({"x": hpckpt.Local(np.zeros(2))}, step=1)
+
+
+def test_a_value_known_on_one_rank_becomes_a_plain_value_of_the_state(world, mpi_tmp_path):
+    last = world.size - 1
+    with hpckpt.Checkpointer(mpi_tmp_path / "bcast", comm=world) as checkpointer:
+        mine = {"best_loss": 0.25, "stop": False, "history": [1, 2]} if world.rank == last else None
+        shared = checkpointer.broadcast(mine, root=last)
+        assert shared == {"best_loss": 0.25, "stop": False, "history": [1, 2]}
+        checkpointer.save(1, {"u": field(world, 1.0), "eval": shared})  # plain values equal on every rank
+        bad = {"loss": np.float32(0.5)} if world.rank == 0 else None
+        with pytest.raises(hpckpt.CollectiveError) as info:
+            checkpointer.broadcast(bad)
+        assert list(info.value.failures) == [0] and "'loss' is a float32; expected int, float" in info.value.failures[0]
+        with pytest.raises(ValueError, match=f"broadcast root {world.size} is not a rank"):
+            checkpointer.broadcast(1, root=world.size)
