@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import HpckptError, MissingStepError
 from .model.tree import nest
-from .relaunch import run_with_relaunch
+from .relaunch import LAUNCHERS, launched, run_with_relaunch
 from .storage import backend_names
 from .storage.integrity import damaged_files
 from .storage.names import TRANSIENT_SUFFIXES
@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="inside a Slurm job: when COMMAND stops with a checkpoint (exit status 75), scontrol requeue the job",
     )
+    run.add_argument("--launch", choices=LAUNCHERS, help="start COMMAND on the ranks: srun (srun --mpi=pmi2 "
+                     "--kill-on-bad-exit=1 COMMAND), or mpiexec/mpirun -n RANKS COMMAND (default: run COMMAND as given)")
+    run.add_argument("--ranks", type=_positive_int, help="ranks for --launch (default: $SLURM_NTASKS inside a Slurm "
+                     "job; srun's own default otherwise)")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command, after --")
     run.set_defaults(handler=_run, subparser=run)
 
@@ -130,6 +134,11 @@ def _run(args: argparse.Namespace) -> int:
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         args.subparser.error("give the command after --, e.g. hpckpt run -- mpiexec -n 4 python app.py")
+    if args.launch is not None:
+        try:
+            command = launched(args.launch, args.ranks, command)
+        except ValueError as exc:
+            args.subparser.error(str(exc))
     return run_with_relaunch(command, max_restarts=args.max_restarts, delay=args.delay, requeue=args.requeue)
 
 

@@ -17,7 +17,20 @@ from .slurm import READY_FILE_ENV, STOPPED_EXIT_CODE
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _HELD = (signal.SIGUSR1, signal.SIGUSR2)
+LAUNCHERS = ("srun", "mpiexec", "mpirun")  # what `hpckpt run --launch` starts a command on the ranks with
 READY_WAIT = 60.0  # seconds a held SIGUSR1/SIGUSR2 waits for the ranks to be ready
+
+
+def launched(launcher: str, ranks: int | None, command: Sequence[str]) -> list[str]:
+    """``command`` started on the ranks by ``launcher`` (one of :data:`LAUNCHERS`): srun
+    with PMI-2 that ends the job step when a rank fails, or ``mpiexec``/``mpirun -n
+    ranks`` (``ranks`` defaults to ``$SLURM_NTASKS``). ValueError when mpiexec has no rank count."""
+    if launcher == "srun":
+        return ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", *(["-n", str(ranks)] if ranks else []), *command]
+    count = ranks or os.environ.get("SLURM_NTASKS")
+    if not count:
+        raise ValueError(f"--launch {launcher} needs --ranks N outside a Slurm job (SLURM_NTASKS is not set)")
+    return [launcher, "-n", str(count), *command]
 
 
 def describe_status(status: int) -> str:

@@ -15,9 +15,8 @@
 #                    checkpoints and exits with status 75 HPCKPT_STOP_MARGIN s before it
 # SIGTERM or SIGUSR1 to this script: checkpoint at the end of the step and exit 75.
 set -euo pipefail
-python=${HPCKPT_PYTHON:-python3}
+export HPCKPT_PYTHON=${HPCKPT_PYTHON:-python3}  # app-mpirun.sh runs hpckpt run with it
+python=$HPCKPT_PYTHON
 run_dir=${HPCKPT_RUN_DIR:-$PWD/train-run}
 read -r -a app_args <<< "${TRAIN_ARGS:---steps 20000 --every 1000}"
-read -r -a mpirun <<< "${MPIRUN:-mpirun}"
-exec "$python" -m hpckpt run --max-restarts "${HPCKPT_RESTARTS:-3}" --delay 1 -- \
-    "${mpirun[@]}" -n "${HPCKPT_NP:-4}" "$python" -m hpckpt.examples.train --dir "$run_dir" "${app_args[@]}"
+exec bash "$(dirname "$0")/app-mpirun.sh" "$python" -m hpckpt.examples.train --dir "$run_dir" "${app_args[@]}"

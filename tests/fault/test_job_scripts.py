@@ -52,3 +52,26 @@ def test_train_mpirun_script_matches_a_plain_run(tmp_path):
                             timeout=JOB_TIMEOUT, env=script_env(tmp_path / "run", TRAIN_ARGS=args), cwd=tmp_path)
     assert plain.returncode == 0 and result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == plain.stdout.strip().splitlines()[-1]
+
+
+USER_APP = Path(__file__).resolve().parents[1] / "jobs" / "user_app.py"
+
+
+def test_the_generic_mpirun_script_runs_a_users_own_code_through_a_crash_and_a_failing_exit(tmp_path):
+    plain = run_group(["mpiexec", "-n", "2", sys.executable, str(USER_APP), "--dir", str(tmp_path / "plain")],
+                      timeout=JOB_TIMEOUT)  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    env = {**os.environ, "HPCKPT_PYTHON": sys.executable, "HPCKPT_NP": "2", "MPIRUN": "mpiexec"}
+    crashed = run_group(["bash", str(JOBS / "app-mpirun.sh"), sys.executable, str(USER_APP), "--dir",
+                         str(tmp_path / "run"), "--crash-at", "35"], timeout=JOB_TIMEOUT, env=env, cwd=tmp_path)  # fmt: skip
+    assert crashed.returncode == 0, crashed.stderr[-3000:]
+    assert crashed.stdout.strip().splitlines()[-1] == plain.stdout.strip().splitlines()[-1].replace(
+        "resumed_from=None", "resumed_from=30")
+    assert "hpckpt run: attempt 1/4 failed" in crashed.stderr and "attempt 2/4 succeeded" in crashed.stderr
+    aborted = run_group(["bash", str(JOBS / "app-mpirun.sh"), sys.executable, str(USER_APP), "--dir",
+                         str(tmp_path / "aborted"), "--abort-at-exit"], timeout=JOB_TIMEOUT, env=env, cwd=tmp_path)  # fmt: skip
+    assert aborted.returncode != 0 and aborted.stdout.count("user_app: done") == 1, aborted.stderr[-3000:]
+    assert "attempt 1/4 finished its work (Checkpointer.finish) but then exited with" in aborted.stderr
+    assert "attempt 2/4" not in aborted.stderr
+    missing = run_group(["bash", str(JOBS / "app-mpirun.sh")], timeout=JOB_TIMEOUT, env=env, cwd=tmp_path)
+    assert missing.returncode == 2 and "give the application's command after the script" in missing.stderr

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,18 +125,20 @@ class Job:
         return match.group(1), match.group(2)
 
 
-def submit(cluster: SlurmCluster, script: str, workdir: Path, *sbatch_args: str, env: dict[str, str]) -> Job:
-    """``sbatch`` a jobs/ script from ``workdir`` with ``env`` exported (HPCKPT_PYTHON set)."""
+def submit(cluster: SlurmCluster, script: str, workdir: Path, *sbatch_args: str, env: dict[str, str],
+           command: Sequence[str] = ()) -> Job:  # fmt: skip
+    """``sbatch`` a jobs/ script from ``workdir`` with ``env`` exported (HPCKPT_PYTHON set),
+    ``command`` after the script (jobs/app.sbatch runs it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
-        ["sbatch", "--parsable", *sbatch_args, str(JOBS / script)],
+        ["sbatch", "--parsable", *sbatch_args, str(JOBS / script), *command],
         capture_output=True,
         text=True,
         cwd=workdir,
         env={**cluster.env, "HPCKPT_PYTHON": sys.executable, **env},
     )
     assert result.returncode == 0, f"sbatch {script}: {result.stderr}"
-    prefix = "hpckpt-train" if script.startswith("train") else "hpckpt-heat"
+    prefix = "hpckpt-" + next((name for name in ("train", "app") if script.startswith(name)), "heat")
     return Job(cluster, result.stdout.strip().split(";")[0], workdir, prefix)
 
 

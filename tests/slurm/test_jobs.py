@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from tests.slurm.conftest import committed_steps, heat_reference, submit
 # A small grid paced to run about 10 s on 2 ranks, checkpointing every 20 iterations.
 PACED = ("--n", "96", "--iters", "400", "--every", "20", "--pace", "0.025")
 QUICK = ("--n", "96", "--iters", "120", "--every", "10")
+USER_APP = Path(__file__).resolve().parents[1] / "jobs" / "user_app.py"
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +103,17 @@ def test_training_job_relaunched_after_a_crash_matches_the_fault_free_run(slurm,
     last = job.stdout.strip().splitlines()[-1]
     assert last == reference.stdout.strip().splitlines()[-1].replace("resumed_from=none", "resumed_from=60")
     assert "attempt 1/2 failed" in job.stderr
+
+
+def test_the_generic_script_runs_a_users_own_command_relaunched_after_a_crash(slurm, tmp_path):
+    app = [sys.executable, str(USER_APP), "--iters", "60", "--every", "10"]
+    reference = run_group(["mpiexec", "-n", "2", *app, "--dir", str(tmp_path / "ref")], timeout=60)
+    assert reference.returncode == 0, reference.stderr
+    job = submit(slurm, "app.sbatch", tmp_path, "-n", "2", env={"HPCKPT_RESTARTS": "1", "HPCKPT_LAUNCHER": "mpiexec"},
+                 command=[*app, "--dir", str(tmp_path / "run"), "--crash-at", "35"])  # fmt: skip
+    fields = job.wait_completed()
+    assert fields["ExitCode"] == "0:0", job.report()
+    last = job.stdout.strip().splitlines()[-1]
+    assert last == reference.stdout.strip().splitlines()[-1].replace("resumed_from=None", "resumed_from=30")
+    assert f"app.sbatch: job {job.job_id}, restart 0: {' '.join(app)}" in job.stdout
+    assert "hpckpt run: attempt 1/2: mpiexec -n 2 " in job.stderr and "attempt 1/2 failed" in job.stderr
