@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -13,6 +14,8 @@ from ._comm import gather_phase, run_phase
 from ._hooks import FINISHED_FILE_ENV
 from .buffers.device import STAGER
 from .engines import Engine, SaveHandle, open_engine
+from .errors import PartialRestoreWarning
+from .model.stateful import Stateful
 from .model.tree import check_plain
 from .options import Options
 from .protocols.restore import RestoreChoice, Restored
@@ -164,7 +167,8 @@ class Checkpointer:
         InvalidStateError
             On every rank, when the tree or the ranks' boxes are malformed.
         """
-        return self.engine.save(int(step), state, blocking=blocking, metric=metric, base=base)
+        tree = state.checkpoint_tree() if isinstance(state, Stateful) else state
+        return self.engine.save(int(step), tree, blocking=blocking, metric=metric, base=base)
 
     def due(self, step: int) -> bool:
         """Whether the schedule says to checkpoint at ``step``.
@@ -271,7 +275,15 @@ class Checkpointer:
             on every rank, naming :class:`~hpckpt.errors.UnsafeLoadError`, when the
             state holds Pickled leaves without ``allow_pickle=True``.
         """
-        self.last_restore = self.engine.restore(state, RestoreChoice(local_from, step, strict), allow_pickle)
+        if isinstance(state, Stateful):  # it says itself what it can do without
+            tree = state.checkpoint_tree(for_restore=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", PartialRestoreWarning)
+                self.last_restore = self.engine.restore(tree, RestoreChoice(local_from, step, False), allow_pickle)
+            if self.last_restore is not None:
+                state.load_checkpoint_tree(tree, self.last_restore)
+        else:
+            self.last_restore = self.engine.restore(state, RestoreChoice(local_from, step, strict), allow_pickle)
         return None if self.last_restore is None else self.last_restore.step
 
     def recover(self, state: Any, failure: BaseException, *, allow_pickle: bool = False) -> int | None:

@@ -1,0 +1,220 @@
+"""Training state of torch code as one object that ``Checkpointer.save`` and ``restore`` take.
+
+:class:`TrainingState` holds a model (plain or wrapped in ``DistributedDataParallel``),
+its optimizers, learning-rate schedulers and, by default, the random number generators
+of torch, NumPy and Python on each rank. Saved, it is a tree of hpckpt leaves over the
+live tensors (no copy): parameters, buffers and optimizer state as ``Replicated`` leaves
+(every data-parallel rank holds the same; each rank writes a share, and a restore reads
+each byte from storage once), hyper-parameters and scheduler counters as plain values,
+RNG states as ``Local`` leaves. Restored, parameters and optimizer tensors are filled in
+place, and the optimizers, schedulers and generators get their saved state back.
+
+An optimizer creates its state at its first step. Before a restore, a :class:`TrainingState`
+creates it the way the optimizer does, with a step at learning rate 0 on zero gradients
+(parameters unchanged), so that there are tensors to fill; when the checkpoint holds no
+optimizer state (saved before the first step), the optimizer is left without state, as a
+fresh one. torch is imported here only; the rest of hpckpt never needs it.
+
+Not collective itself: ``Checkpointer.save`` and ``restore`` are.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import StateMismatchError
+from .model.leaves import Local, Replicated
+
+if TYPE_CHECKING:
+    from .protocols.restore import Restored
+
+_STATE_TYPES = (int, float, bool, str, type(None))
+
+
+class TrainingState:
+    """A model, its optimizers and schedulers, and the RNG states, saved and restored as one.
+
+    Parameters
+    ----------
+    model
+        A ``torch.nn.Module``, or ``DistributedDataParallel`` around one (its module is
+        saved, so a checkpoint restores with or without the wrapper). Its parameters and
+        buffers must be equal on every rank (data parallelism).
+    optimizers
+        One ``torch.optim.Optimizer`` or several, over parameters of ``model``.
+    schedulers
+        One learning-rate scheduler or several (``state_dict``/``load_state_dict`` of
+        plain values, as torch's own).
+    rng
+        Also save and restore each rank's torch, NumPy (global) and Python ``random``
+        generators (default True).
+    extra
+        More of the state, as a tree of hpckpt leaves and plain values (an iteration
+        counter, a data loader's position), saved and restored in place under ``"extra"``.
+
+    Examples
+    --------
+    >>> training = hpckpt.torch.TrainingState(model, optimizer, scheduler, extra={"step": 0})  # doctest: +SKIP
+    >>> start = checkpointer.restore(training) or 0
+    >>> ...
+    >>> training.extra["step"] = step
+    >>> checkpointer.save(step, training)
+    """
+
+    def __init__(self, model: Any, optimizers: Any = (), schedulers: Any = (), *, rng: bool = True,
+                 extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self.model = getattr(model, "module", model)
+        self.optimizers = _as_list(optimizers)
+        self.schedulers = _as_list(schedulers)
+        self.rng = rng
+        self.extra = {} if extra is None else extra
+
+    def checkpoint_tree(self, *, for_restore: bool = False) -> dict[str, Any]:
+        """The tree that ``Checkpointer.save`` writes, over the live tensors; for a
+        restore, the optimizers' state is created first where it does not exist yet."""
+        if for_restore:
+            for optimizer in self.optimizers:
+                _create_state(optimizer)
+        tree: dict[str, Any] = {
+            "model": {name: Replicated(tensor) for name, tensor in self.model.state_dict(keep_vars=True).items()},
+            "optimizers": [_optimizer_tree(optimizer) for optimizer in self.optimizers],
+            "schedulers": [_plain(scheduler.state_dict(), "scheduler") for scheduler in self.schedulers],
+        }
+        if self.rng:
+            tree["rng"] = _rng_tree()
+        if self.extra:
+            tree["extra"] = self.extra
+        return tree
+
+    def load_checkpoint_tree(self, tree: dict[str, Any], restored: Restored) -> None:
+        """Give the optimizers, schedulers and generators their restored state (the
+        tensors are already filled in place). Called by ``Checkpointer.restore``, alike on
+        every rank.
+
+        Raises
+        ------
+        StateMismatchError
+            When the step lacks more than the optimizers' state, or holds leaves this
+            state does not have.
+        """
+        optimizer_state = tuple(f"optimizers/{index}/state/" for index in range(len(self.optimizers)))
+        other = [path for path in restored.missing if not path.startswith(optimizer_state)]
+        if other or restored.unexpected:
+            raise StateMismatchError(
+                f"checkpoint step {restored.step} does not match the training state: missing {other}, "
+                f"not in the training state {list(restored.unexpected)}"
+            )
+        for index, (optimizer, saved) in enumerate(zip(self.optimizers, tree["optimizers"])):
+            if any(path.startswith(f"optimizers/{index}/state/") for path in restored.missing):
+                optimizer.state.clear()  # saved before its first step: fresh, as it was
+            _load_optimizer(optimizer, saved)
+        for scheduler, saved in zip(self.schedulers, tree["schedulers"]):
+            scheduler.load_state_dict(saved)
+        if self.rng:
+            _load_rng(tree["rng"])
+        if self.extra:
+            self.extra.update(tree["extra"])
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` (a state dict of plain values) with tuples as lists; ValueError naming a tensor."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item, f"{where}/{key}") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}/{index}") for index, item in enumerate(value)]
+    if not isinstance(value, _STATE_TYPES):
+        raise ValueError(f"{where} is a {type(value).__name__}; hpckpt.torch saves plain values there")
+    return value
+
+
+def _optimizer_tree(optimizer: Any) -> dict[str, Any]:
+    """An optimizer's state (its tensors as Replicated leaves, in place) and its param groups."""
+    import torch
+
+    saved = optimizer.state_dict()
+    state = {}
+    for index, entries in saved["state"].items():
+        state[str(index)] = {
+            name: Replicated(_one_element(value)) if torch.is_tensor(value) else _plain(value, f"optimizer state {name}")
+            for name, value in entries.items()
+        }
+    tree: dict[str, Any] = {"param_groups": _plain(saved["param_groups"], "param_groups")}
+    if state:
+        tree["state"] = state
+    return tree
+
+
+def _load_optimizer(optimizer: Any, saved: dict[str, Any]) -> None:
+    """Put the restored param groups (and the state filled in place) into ``optimizer``."""
+    groups = []
+    for live, restored in zip(optimizer.param_groups, saved["param_groups"]):
+        groups.append({key: tuple(value) if isinstance(live.get(key), tuple) else value for key, value in restored.items()})
+    current = optimizer.state_dict()
+    optimizer.load_state_dict({"state": current["state"], "param_groups": groups})
+
+
+def _create_state(optimizer: Any) -> None:
+    """Create ``optimizer``'s state as its first step would, without changing a parameter:
+    one step at learning rate 0 on zero gradients, then the gradients cleared."""
+    if optimizer.state:
+        return
+    import torch
+
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    learning_rates = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    with torch.no_grad():
+        optimizer.step()
+    for group, learning_rate in zip(optimizer.param_groups, learning_rates):
+        group["lr"] = learning_rate
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _one_element(tensor: Any) -> Any:
+    """A 0-d tensor as a 1-element view of its memory (filled in place like any other)."""
+    return tensor.view(1) if tensor.dim() == 0 else tensor
+
+
+def _rng_tree() -> dict[str, Any]:
+    """This rank's generators as Local leaves (they differ between ranks)."""
+    import torch
+
+    version, internal, gauss = random.getstate()
+    _, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    tree: dict[str, Any] = {
+        "torch": Local(torch.get_rng_state().numpy()),
+        "python": Local(np.array([version, *internal], dtype=np.uint64)),
+        "python_gauss": Local(np.array([gauss is not None, gauss or 0.0], dtype=np.float64)),
+        "numpy": Local(np.asarray(keys, dtype=np.uint32).copy()),
+        "numpy_position": Local(np.array([position, has_gauss, cached], dtype=np.float64)),
+    }
+    if torch.cuda.is_available():
+        tree["cuda"] = [Local(state.numpy()) for state in torch.cuda.get_rng_state_all()]
+    return tree
+
+
+def _load_rng(tree: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(torch.from_numpy(tree["torch"].array.copy()))
+    version, *internal = (int(value) for value in tree["python"].array)
+    has_gauss, gauss = tree["python_gauss"].array
+    random.setstate((version, tuple(internal), float(gauss) if has_gauss else None))
+    position, has_cached, cached = tree["numpy_position"].array
+    np.random.set_state(("MT19937", tree["numpy"].array, int(position), int(has_cached), float(cached)))
+    if "cuda" in tree:
+        torch.cuda.set_rng_state_all([torch.from_numpy(leaf.array.copy()) for leaf in tree["cuda"]])
+

@@ -1,0 +1,39 @@
+"""A small transformer trained data-parallel with torch (DDP over gloo), its state saved
+with hpckpt.torch.TrainingState: killed and relaunched, it ends bit for bit like the run
+without a failure, resuming from the newest step committed before the kill."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fault.conftest import JOB_TIMEOUT, relaunched
+from tests.processes import run_group
+
+pytest.importorskip("torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)")
+JOB = Path(__file__).resolve().parents[1] / "jobs" / "torch_transformer.py"
+DONE = re.compile(r"^torch_train: done steps=40 resumed_from=(\w+) loss=\S+ checksum=([0-9a-f]{64})$", re.MULTILINE)
+
+
+def train(run_dir: Path, *args: str, relaunch: bool = False):
+    command = ["mpiexec", "-n", "2", sys.executable, str(JOB), "--dir", str(run_dir), "--steps", "40", "--every", "10",
+               *args]  # fmt: skip
+    return run_group(relaunched(command) if relaunch else command, timeout=JOB_TIMEOUT)
+
+
+def test_a_killed_transformer_training_resumes_bit_for_bit(tmp_path):
+    reference = train(tmp_path / "reference")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    (_, expected), = DONE.findall(reference.stdout)
+    crashed = train(tmp_path / "crashed", "--crash-at", "25", relaunch=True)
+    assert crashed.returncode == 0, crashed.stderr[-3000:]
+    assert "hpckpt run: attempt 1/3 failed" in crashed.stderr and "attempt 2/3 succeeded" in crashed.stderr
+    assert DONE.findall(crashed.stdout) == [("20", expected)]  # step 20: the newest committed before step 25
+    listed = run_group([sys.executable, "-m", "hpckpt", "diff", str(tmp_path / "reference"), str(tmp_path / "crashed"),
+                        "--json"], timeout=JOB_TIMEOUT)  # fmt: skip
+    report = json.loads(listed.stdout)
+    assert listed.returncode == 0 and report == {"step": 40, "same": True, "differences": []}  # every leaf, RNGs too
