@@ -96,13 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
         step_command.add_argument("--json", action="store_true", help="print JSON for scripts")
         step_command.set_defaults(handler=handler)
 
-    convert = commands.add_parser("convert", help="rewrite checkpoints with another backend", description="Rewrite "
-                                  "the committed steps of SRC into the run directory DST with another backend. The "
-                                  "result verifies and restores like the original.")
+    convert = commands.add_parser("convert", help="rewrite checkpoints with another backend, or to/from safetensors",
+                                  description="Rewrite the committed steps of SRC into the run directory DST with "
+                                  "another backend; the result verifies and restores like the original. --to "
+                                  "safetensors writes one step (default: the newest) to the file DST; a SRC file "
+                                  "ending in .safetensors becomes a step of DST (every tensor a Replicated leaf).")
     convert.add_argument("source", metavar="SRC")
     convert.add_argument("destination", metavar="DST")
-    convert.add_argument("--to", choices=backend_names(), required=True, help="the backend to write")
-    convert.add_argument("--step", type=_non_negative_int, help="convert only this step (default: every committed one)")
+    convert.add_argument("--to", choices=(*backend_names(), "safetensors"), required=True,
+                         help="the backend to write, or safetensors")  # fmt: skip
+    convert.add_argument("--step", type=_non_negative_int, help="convert only this step (default: every committed one; "
+                         "to safetensors, the newest; from safetensors, the file's own step or 0)")
     convert.set_defaults(handler=_convert)
 
     diff = commands.add_parser("diff", help="compare two checkpoints bit for bit", description="Compare a step of "
@@ -340,8 +344,23 @@ def _verify(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from .convert import convert_step
     from .progress import ProgressLine
+    from .safetensors_io import export_step, import_file
 
+    if args.source.endswith(".safetensors"):
+        if args.to == "safetensors":
+            raise HpckptError("both SRC and --to are safetensors: give a backend to import into")
+        step = import_file(args.source, args.destination, step=args.step, backend=args.to)
+        print(f"{args.source} -> step {step} of {args.destination} ({args.to})")
+        return 0
     reader = _reader(args.source)
+    if args.to == "safetensors":
+        manifest = reader.manifest(args.step)
+        total = sum(b.size * r.itemsize for r in manifest.tree_leaves for b in r.blocks)
+        progress = ProgressLine(f"export step {manifest.step}", total)
+        path = export_step(reader, manifest.step, args.destination, progress)
+        progress.close()
+        print(f"step {manifest.step}: {manifest.backend} -> safetensors: {path}")
+        return 0
     steps = [args.step] if args.step is not None else reader.steps()
     if not steps:
         raise HpckptError(f"{args.source} holds no committed step to convert")

@@ -139,6 +139,26 @@ def test_diff_finds_a_crashed_and_relaunched_run_identical_and_a_changed_run_dif
     assert missing.returncode == 2 and f"has no committed step 55 (committed steps: {listed})" in missing.stderr
 
 
+@pytest.mark.parametrize("backend", ["adios2", "posix"])
+def test_a_four_rank_step_converts_to_safetensors_for_the_standard_reader_and_back(tmp_path, backend):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed (make install)")
+    save_known_state(tmp_path / "run", backend)
+    exported = cli("convert", tmp_path / "run", tmp_path / "state.safetensors", "--to", "safetensors")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.strip() == f"step 7: {backend} -> safetensors: {tmp_path / 'state.safetensors'}"
+    loaded = safetensors_numpy.load_file(str(tmp_path / "state.safetensors"))
+    arrays = expected(RANKS)
+    assert sorted(loaded) == ["field", *(f"rng/rank-{rank:05d}" for rank in range(RANKS)), "table"]
+    assert loaded["field"].tobytes() == arrays["field"].tobytes() and loaded["table"].tobytes() == arrays["table"].tobytes()
+    assert all(loaded[f"rng/rank-{rank:05d}"].tolist() == arrays["rng"][rank].tolist() for rank in range(RANKS))
+    imported = cli("convert", tmp_path / "state.safetensors", tmp_path / "back", "--to", "hdf5")
+    assert imported.returncode == 0, imported.stderr
+    tree = json.loads(cli("inspect", tmp_path / "back", "--json").stdout)
+    assert tree["step"] == 7 and tree["values"] == {"iteration": 7}
+    assert cli("diff", tmp_path / "run", tmp_path / "back").returncode == 1  # Local blocks came back as whole arrays
+    assert cli("verify", tmp_path / "back").returncode == 0
+
+
 def test_verify_reports_a_truncated_file(tmp_path):
     step_dir = save_known_state(tmp_path / "run", "posix")
     os.truncate(step_dir / "data-00001.bin", 10)
