@@ -5,7 +5,8 @@ its optimizers, learning-rate schedulers and, by default, the random number gene
 of torch, NumPy and Python on each rank. Saved, it is a tree of hpckpt leaves over the
 live tensors (no copy): parameters, buffers and optimizer state as ``Replicated`` leaves
 (every data-parallel rank holds the same; each rank writes a share, and a restore reads
-each byte from storage once), hyper-parameters and scheduler counters as plain values,
+each byte from storage once), or, sharded with FSDP2 (``DTensor``), as Distributed leaves
+of each rank's shard (restorable on another number of ranks), hyper-parameters and scheduler counters as plain values,
 RNG states as ``Local`` leaves. Restored, parameters and optimizer tensors are filled in
 place, and the optimizers, schedulers and generators get their saved state back.
 
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import StateMismatchError
-from .model.leaves import Local, Replicated
+from .model.leaves import Distributed, Local, Replicated
 
 if TYPE_CHECKING:
     from .protocols.restore import Restored
@@ -79,7 +80,7 @@ class TrainingState:
             for optimizer in self.optimizers:
                 _create_state(optimizer)
         tree: dict[str, Any] = {
-            "model": {name: Replicated(tensor) for name, tensor in self.model.state_dict(keep_vars=True).items()},
+            "model": {name: _leaf(tensor) for name, tensor in self.model.state_dict(keep_vars=True).items()},
             "optimizers": [_optimizer_tree(optimizer) for optimizer in self.optimizers],
             "schedulers": [_plain(scheduler.state_dict(), "scheduler") for scheduler in self.schedulers],
         }
@@ -144,7 +145,7 @@ def _optimizer_tree(optimizer: Any) -> dict[str, Any]:
     state = {}
     for index, entries in saved["state"].items():
         state[str(index)] = {
-            name: Replicated(_one_element(value)) if torch.is_tensor(value) else _plain(value, f"optimizer state {name}")
+            name: _leaf(value) if torch.is_tensor(value) else _plain(value, f"optimizer state {name}")
             for name, value in entries.items()
         }
     tree: dict[str, Any] = {"param_groups": _plain(saved["param_groups"], "param_groups")}
@@ -183,9 +184,23 @@ def _create_state(optimizer: Any) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _one_element(tensor: Any) -> Any:
-    """A 0-d tensor as a 1-element view of its memory (filled in place like any other)."""
-    return tensor.view(1) if tensor.dim() == 0 else tensor
+def _leaf(tensor: Any) -> Replicated | Distributed:
+    """The hpckpt leaf over ``tensor``'s memory: a ``DTensor`` sharded over every rank
+    (FSDP2) is a Distributed leaf of its local shard at its global offset; any other
+    tensor, the same on every rank, is Replicated (a 0-d one as a 1-element view)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(tensor, DTensor):
+        return Replicated(tensor.view(1) if tensor.dim() == 0 else tensor)
+    if all(isinstance(placement, Replicate) for placement in tensor.placements):
+        return Replicated(tensor.to_local())
+    if not all(isinstance(placement, Shard) for placement in tensor.placements):
+        raise ValueError(f"a DTensor placed {tensor.placements}: hpckpt.torch takes tensors sharded (Shard) or "
+                         "replicated (Replicate) on every mesh dimension")  # fmt: skip
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    return Distributed(tensor.to_local(), global_shape=tuple(tensor.shape), offset=tuple(offset))
 
 
 def _rng_tree() -> dict[str, Any]:

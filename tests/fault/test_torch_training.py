@@ -37,3 +37,20 @@ def test_a_killed_transformer_training_resumes_bit_for_bit(tmp_path):
                         "--json"], timeout=JOB_TIMEOUT)  # fmt: skip
     report = json.loads(listed.stdout)
     assert listed.returncode == 0 and report == {"step": 40, "same": True, "differences": []}  # every leaf, RNGs too
+
+
+FSDP_JOB = Path(__file__).resolve().parents[1] / "jobs" / "torch_fsdp.py"
+
+
+def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp_path):
+    saved = run_group(["mpiexec", "-n", "2", sys.executable, str(FSDP_JOB), "--save", str(tmp_path)], timeout=JOB_TIMEOUT)
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    tree = json.loads(run_group([sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "ckpt"), "--json"],
+                                timeout=JOB_TIMEOUT).stdout)  # fmt: skip
+    leaves = {leaf["path"]: leaf for leaf in tree["leaves"]}
+    shards = leaves["model/0.weight"]
+    assert shards["kind"] == "distributed" and [b["offset"] for b in shards["blocks"]] == [[0, 0], [5, 0]]
+    assert leaves["optimizers/0/state/0/exp_avg"]["kind"] == "distributed"  # the moments are sharded too
+    checked = run_group(["mpiexec", "-n", "3", sys.executable, str(FSDP_JOB), "--check", str(tmp_path)], timeout=JOB_TIMEOUT)
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert "fsdp: restored step 6 on 3 ranks: 16 tensors bit for bit" in checked.stdout
