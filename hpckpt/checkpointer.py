@@ -8,14 +8,13 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._comm import gather_phase, run_phase
 from ._hooks import FINISHED_FILE_ENV
 from .buffers.device import STAGER
 from .engines import Engine, SaveHandle, open_engine
 from .errors import PartialRestoreWarning
-from .model.stateful import Stateful
 from .model.tree import check_plain
 from .options import Options
 from .protocols.restore import RestoreChoice, Restored
@@ -29,6 +28,24 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .options import OptionKeywords
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What :meth:`hpckpt.Checkpointer.save` and :meth:`~hpckpt.Checkpointer.restore` take
+    in place of a tree (:class:`hpckpt.torch.TrainingState` is one).
+
+    ``checkpoint_tree()`` gives the tree to save, over the live arrays;
+    ``checkpoint_tree(for_restore=True)`` the tree to restore into. The restore is not
+    strict (leaves of only the tree or only the step are left alone): it then calls
+    ``load_checkpoint_tree(tree, restored)``, alike on every rank, which puts the
+    restored values where they belong and raises
+    :class:`~hpckpt.errors.StateMismatchError` for what it cannot do without.
+    """
+
+    def checkpoint_tree(self, *, for_restore: bool = False) -> dict[str, Any]: ...
+
+    def load_checkpoint_tree(self, tree: dict[str, Any], restored: Restored) -> None: ...
 
 
 class Checkpointer:
