@@ -15,7 +15,7 @@ from pathlib import Path
 from ._hooks import point
 from .catalog import CheckpointReader, Progress
 from .storage import open_backend
-from .storage.base import BlockData
+from .storage.base import Annotations, BlockData
 from .storage.commit import RunDirectory, sync_files
 
 
@@ -60,7 +60,8 @@ def convert_step(
             if progress is not None:
                 progress(array.nbytes)
     temp = target_dir.prepare(step)
-    files = backend.write(MPI.COMM_SELF, temp, records, blocks)
+    annotations = (Annotations(manifest.values, manifest.dims),) if backend.shows_annotations else ()
+    files = backend.write(MPI.COMM_SELF, temp, records, blocks, *annotations)
     point("convert.written")
     converted = replace(
         manifest,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,7 @@ class RankPlan:
     leaves: tuple[LeafPlan, ...]
     values: dict[str, Any]
     lists: tuple[str, ...] = ()  # the paths of the tree's lists (:func:`~hpckpt.model.tree.list_paths`)
+    dims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # axis names of the leaves that have them
 
 
 def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:
@@ -133,6 +134,10 @@ def _check_same_tree(reference: RankPlan, ours: dict[str, str], plan: RankPlan, 
             f"ranks 0 and {rank} pass different state trees: array leaves only on rank 0: {only_0}, "
             f"only on rank {rank}: {only_r}, of different kinds: {kinds}"
         )
+    if reference.dims != plan.dims:
+        differ = sorted(p for p in set(reference.dims) | set(plan.dims) if reference.dims.get(p) != plan.dims.get(p))
+        raise InvalidStateError(f"ranks 0 and {rank} name the axes (dims=) of {differ} differently; "
+                                "every rank must give the same names")  # fmt: skip
     if set(reference.values) != set(plan.values):
         differ = sorted(set(reference.values) ^ set(plan.values))
         raise InvalidStateError(f"ranks 0 and {rank} pass different plain values: {differ} are not on both")

@@ -21,6 +21,21 @@ def _as_shape(values: Any, what: str) -> tuple[int, ...]:
     return shape
 
 
+def _dim_names(dims: Any, ndim: int) -> tuple[str, ...] | None:
+    """``dims`` as a tuple of ``ndim`` distinct axis names, or None; InvalidStateError
+    saying what is wrong."""
+    if dims is None:
+        return None
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    if len(names) != ndim or len(set(names)) != ndim:
+        raise InvalidStateError(f"dims={names!r}: give {ndim} distinct axis name(s), one per dimension")
+    for name in names:
+        if not isinstance(name, str) or not name or "/" in name or not name.isprintable() or name.startswith("hpckpt"):
+            raise InvalidStateError(f"dims: axis name {name!r} is not allowed (a non-empty string without '/' or "
+                                    "control characters, not starting with 'hpckpt')")  # fmt: skip
+    return names
+
+
 def array_shape(array: Any) -> tuple[int, ...]:
     """Return the shape of any array-like that has a ``shape`` attribute."""
     try:
@@ -116,9 +131,16 @@ class Replicated(_WholeArrayLeaf):
     ----------
     array
         The same array on every rank (save checks that the bytes agree).
+    dims
+        Optional names of its axes (e.g. ``("y", "x")``), the same on every rank: the
+        hdf5 backend attaches them as dimension scales, which xarray and h5netcdf show.
     """
 
     kind = "replicated"
+
+    def __init__(self, array: Any, *, dims: Any = None) -> None:
+        super().__init__(array)
+        self.dims = _dim_names(dims, len(self.shape))
 
 
 class Distributed:
@@ -132,6 +154,10 @@ class Distributed:
         Shape of the whole array.
     offset
         Index of this block's first element in the whole array.
+    dims
+        Optional names of the global array's axes (e.g. ``("z", "y", "x")``), the same on
+        every rank: the hdf5 backend attaches them as dimension scales, which xarray and
+        h5netcdf show instead of ``phony_dim_*``.
 
     Raises
     ------
@@ -141,12 +167,13 @@ class Distributed:
 
     kind = "distributed"
 
-    def __init__(self, array: Any, *, global_shape: Any, offset: Any) -> None:
+    def __init__(self, array: Any, *, global_shape: Any, offset: Any, dims: Any = None) -> None:
         self.array = array
         self.shape = array_shape(array)
         self.global_shape = _as_shape(global_shape, "global_shape")
         self.offset = _as_shape(offset, "offset")
         ndim = len(self.shape)
+        self.dims = _dim_names(dims, ndim)
         if len(self.global_shape) != ndim or len(self.offset) != ndim:
             raise InvalidStateError(
                 f"Distributed block has {ndim} dimension(s) but global_shape="

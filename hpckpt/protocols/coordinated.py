@@ -58,7 +58,7 @@ from ..model.layout import (
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
 from ..model.manifest import PACK_PATH, LeafRecord, Manifest
 from ..model.tree import Slot, flatten, list_paths
-from ..storage.base import Backend, BlockData, Encoded
+from ..storage.base import Annotations, Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
 from ..storage.retention import RetentionPolicy, retain
 
@@ -165,7 +165,8 @@ def plan_local(
         )
     if members:
         leaves.append(_pack(members, encode, arrays, deferred, lent))
-    return RankPlan(tuple(leaves), values, list_paths(state)), arrays
+    dims = {slot.path: slot.value.dims for slot in slots if getattr(slot.value, "dims", None)}
+    return RankPlan(tuple(leaves), values, list_paths(state), dims), arrays
 
 
 def _pack(
@@ -320,6 +321,8 @@ def save_coordinated(
         per_rank = ", ".join(f"rank {r}: {s}" for r, (s, _) in enumerate(gathered))
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
     merged, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
+    dims = gathered[0][1].dims  # merge_plans checked that every rank gives the same
+    annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
     delta: Delta | None = None
     if delta_planned:
         base_manifest = timed(
@@ -342,7 +345,7 @@ def save_coordinated(
                 await_everyone(comm, f"save step {step}: write (before the collective I/O)")
             with io_deadline(comm, f"save step {step}: write", sum(data.array.nbytes for data in own_blocks)):
                 point("save.collective_io")
-                return backend.write(comm, temp, records, own_blocks)
+                return backend.write(comm, temp, records, own_blocks, *annotations)
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
             raise
@@ -374,6 +377,7 @@ def save_coordinated(
         delta_base=delta.base if delta is not None and delta.reused else None,
         delta_chain=delta.chain if delta is not None and delta.reused else 0,
         lists=gathered[0][1].lists,
+        dims=dims,
     )
 
     def commit() -> None:

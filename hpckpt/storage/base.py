@@ -7,13 +7,16 @@ protocol calls:
 1. ``layout(records)`` on every rank (pure, no I/O): the records with the backend's
    ``location`` filled in for each leaf and, where the backend needs it, each block;
    every rank computes the same layout from the same records;
-2. ``write(comm, directory, records, blocks)`` on every rank together (collective),
+2. ``write(comm, directory, records, blocks, annotations)`` on every rank together (collective),
    into the step's temporary directory, which exists when it is called. ``blocks``
    are the blocks this process writes: with more than one rank, each rank passes its
    own block of every distributed and local leaf (empty ones included) and rank 0 the
    replicated ones; a single process (``hpckpt convert``) may pass every block.
    Returns every file name of the step (relative to ``directory``); then each rank
    fsyncs ``written_files(files, rank, size)``, the files it may have written.
+   ``annotations`` (the plain values, the axis names) are passed only to a backend
+   that declares ``shows_annotations`` (it shows them to other tools in its files);
+   the manifest holds them in any case.
 
 and per restored step:
 
@@ -29,7 +32,7 @@ Backends derive from :class:`Backend`, which declares their optional capabilitie
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -61,6 +64,17 @@ class BlockData:
     array: np.ndarray
 
 
+@dataclass(frozen=True)
+class Annotations:
+    """What a step says besides its arrays' bytes, for backends that show it to other
+    tools (hdf5: attributes and dimension scales): the plain values by path, and the
+    axis names of global arrays (``dims=``) by path."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    dims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+NO_ANNOTATIONS = Annotations()
 Landed = Callable[[BlockData, int], None]  # (request, bytes of its array now in place from the start)
 
 
@@ -76,6 +90,8 @@ class Backend:
     - ``collective_write = True``: ``write`` makes collective calls inside the I/O
       library (ADIOS2's aggregation); the protocol first waits, under the watchdog, for
       every rank to arrive, so a rank that never joins is named (hpckpt/_comm.py);
+    - ``shows_annotations = True``: ``write`` takes a fifth argument, the step's
+      :class:`Annotations`, and shows them to other tools in its files (hdf5);
     - ``repairable_in_job = True``: a save can be repeated over a communicator that
       in-job recovery (ULFM) repaired; the backend's library keeps no collective
       state across saves (recovery="ulfm" needs it);
@@ -92,6 +108,7 @@ class Backend:
     name: str = ""
     writes_in_place: bool = False
     collective_write: bool = False
+    shows_annotations: bool = False
     repairable_in_job: bool = False
     encode: Callable[[str, np.ndarray], Encoded] | None = None
 
@@ -112,7 +129,8 @@ class Backend:
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
     ) -> list[str]:
-        """Write ``blocks``; return the step's file names. Collective over ``comm``."""
+        """Write ``blocks``; return the step's file names. Collective over ``comm``. (A
+        backend that ``shows_annotations`` takes the step's :class:`Annotations` too.)"""
         raise NotImplementedError
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:

@@ -37,7 +37,7 @@ from .._checks import require_count
 from .._comm import await_everyone
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .base import Backend, BlockData, Landed
+from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Landed
 from .positioned import read_into
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ class HDF5Backend(Backend):
 
     name = "hdf5"
     writes_in_place = True
+    shows_annotations = True  # plain values as root attributes, axis names as dimension scales
 
     @classmethod
     def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,7 +114,8 @@ class HDF5Backend(Backend):
         )
 
     def write(
-        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData],
+        annotations: Annotations = NO_ANNOTATIONS,
     ) -> list[str]:
         """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
@@ -131,7 +133,7 @@ class HDF5Backend(Backend):
         error: Exception | None = None
         if comm.rank == 0:
             try:
-                offsets = self._lay_out_file(path, records)
+                offsets = self._lay_out_file(path, records, annotations)
             except Exception as exc:  # noqa: BLE001 - sent to every rank, raised below
                 failure, error = f"{type(exc).__name__}: {exc}", exc
         # The others wait for rank 0's layout sleeping, not inside the broadcast: MPICH
@@ -148,12 +150,13 @@ class HDF5Backend(Backend):
         direct.write_pieces(path, pieces, self.direct_io)
         return [FILE_NAME]
 
-    def _lay_out_file(self, path: Path, records: Sequence[LeafRecord]) -> dict[str, int | None]:
-        """Create ``path`` with every dataset of ``records`` (or reuse a recycled file with
-        exactly that layout); each dataset's file offset by name (None: an empty array,
-        which has no storage). Serial (rank 0)."""
-        digest = _layout_digest(records)
-        recycled = self._recycled_offsets(path, digest, records)
+    def _lay_out_file(self, path: Path, records: Sequence[LeafRecord], annotations: Annotations) -> dict[str, int | None]:
+        """Create ``path`` with every dataset of ``records`` and the axis names of
+        ``annotations`` as dimension scales (or reuse a recycled file with exactly that
+        layout), its plain values as root attributes; each dataset's file offset by name
+        (None: an empty array, which has no storage). Serial (rank 0)."""
+        digest = _layout_digest(records, annotations.dims)
+        recycled = self._recycled_offsets(path, digest, records, annotations.values)
         if recycled is not None:
             return recycled
         options = {}
@@ -166,20 +169,25 @@ class HDF5Backend(Backend):
             created: dict[str, Any] = {}
             for record in records:
                 created.update(self._create(h5, record))
+            _attach_dimension_scales(h5, records, annotations.dims)
+            _set_value_attributes(h5, annotations.values)
             h5.attrs[LAYOUT_ATTRIBUTE] = digest  # a recycled copy of the file may be written in place
             return {name: dataset_id.get_offset() for name, dataset_id in created.items()}
 
-    def _recycled_offsets(self, path: Path, digest: str, records: Sequence[LeafRecord]) -> dict[str, int | None] | None:
+    def _recycled_offsets(self, path: Path, digest: str, records: Sequence[LeafRecord],
+                          values: Mapping[str, Any]) -> dict[str, int | None] | None:  # fmt: skip
         """Each dataset's file offset by name, if ``path`` exists and holds exactly the
         contiguous datasets of the layout ``digest`` names (hpckpt created it for that
         layout: its ``hpckpt_layout`` attribute; reading it costs one attribute, where
-        listing every dataset cost 0.12 ms each); else None. One open of the file."""
+        listing every dataset cost 0.12 ms each), with its value attributes replaced by
+        ``values``; else None. One open of the file."""
         if not path.exists():
             return None
         try:
-            with self._h5py.File(path, "r") as h5:
+            with self._h5py.File(path, "r+") as h5:
                 if h5.attrs.get(LAYOUT_ATTRIBUTE) != digest:
                     return None
+                _set_value_attributes(h5, values)
                 return {name: _open(h5, name).get_offset() for name in _expected_datasets(records)}
         except (OSError, KeyError):  # not HDF5, or damaged: created anew
             return None
@@ -311,10 +319,46 @@ def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[i
     return expected
 
 
-def _layout_digest(records: Sequence[LeafRecord]) -> str:
-    """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds."""
+def _layout_digest(records: Sequence[LeafRecord], dims: Mapping[str, tuple[str, ...]]) -> str:
+    """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds, and of their axis names."""
     listing = sorted((name, list(shape), dtype.str) for name, (shape, dtype) in _expected_datasets(records).items())
-    return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
+    named = sorted((path, list(names)) for path, names in dims.items())
+    return hashlib.sha256(json.dumps([listing, named]).encode()).hexdigest()
+
+
+def _attach_dimension_scales(h5: Any, records: Sequence[LeafRecord], dims: Mapping[str, tuple[str, ...]]) -> None:
+    """Name the axes of each global array that has ``dims``: one dimension scale per axis
+    name at the file's root (netCDF-4's dimensions, which h5netcdf and xarray show),
+    attached to the datasets. ValueError for a name given two lengths, or taken by a leaf."""
+    lengths: dict[str, tuple[int, str]] = {}
+    named = [record for record in records if dims.get(record.path) and not _in_groups(record)]
+    for record in named:
+        for name, length in zip(dims[record.path], record.whole_shape):
+            first = lengths.setdefault(name, (length, record.path))
+            if first[0] != length:
+                raise ValueError(f"axis {name!r} has length {first[0]} in leaf {first[1]!r} but {length} in "
+                                 f"{record.path!r}; axes of one name must have one length")  # fmt: skip
+    for name, (length, _) in lengths.items():
+        if name in h5:
+            raise ValueError(f"axis name {name!r} is also the path of a leaf; give the axis another name")
+        scale = h5.create_dataset(name, shape=(length,), dtype="f4")  # no storage: a dimension, not a variable
+        scale.make_scale(f"This is a netCDF dimension but not a netCDF variable.{length:10d}")
+    for record in named:
+        dataset = h5[record.path]
+        for axis, name in enumerate(dims[record.path]):
+            dataset.dims[axis].attach_scale(h5[name])
+
+
+def _set_value_attributes(h5: Any, values: Mapping[str, Any]) -> None:
+    """The plain values as attributes of the file's root, named by path (None and
+    integers beyond 64 bits are left out; so are paths starting with ``hpckpt``, the
+    names of hpckpt's own attributes), replacing those of an earlier step."""
+    for name in [name for name in h5.attrs if not name.startswith("hpckpt")]:
+        del h5.attrs[name]
+    for path, value in values.items():
+        if path.startswith("hpckpt") or value is None or (isinstance(value, int) and not -(2**63) <= value < 2**63):
+            continue
+        h5.attrs[path] = value
 
 
 def _dataset_name(record: LeafRecord, block: Block) -> str:
