@@ -88,6 +88,7 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
             handle.write(np.ascontiguousarray(stored).data)
             if progress is not None:
                 progress(array.nbytes)
+            del array, stored  # before the next tensor is read: one tensor in memory at a time
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, target)

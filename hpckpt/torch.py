@@ -98,15 +98,16 @@ class TrainingState:
         Raises
         ------
         StateMismatchError
-            When the step lacks more than the optimizers' state, or holds leaves this
-            state does not have.
+            When the step lacks more than the optimizers' state and hyper-parameters, or
+            holds leaves other than hyper-parameters that this state does not have.
         """
         optimizer_state = tuple(f"optimizers/{index}/state/" for index in range(len(self.optimizers)))
-        other = [path for path in restored.missing if not path.startswith(optimizer_state)]
-        if other or restored.unexpected:
+        other = [path for path in restored.missing if not path.startswith(optimizer_state) and not _hyper(path)]
+        unexpected = [path for path in restored.unexpected if not _hyper(path)]
+        if other or unexpected:
             raise StateMismatchError(
                 f"checkpoint step {restored.step} does not match the training state: missing {other}, "
-                f"not in the training state {list(restored.unexpected)}"
+                f"not in the training state {unexpected}"
             )
         for index, (optimizer, saved) in enumerate(zip(self.optimizers, tree["optimizers"])):
             if any(path.startswith(f"optimizers/{index}/state/") for path in restored.missing):
@@ -118,6 +119,14 @@ class TrainingState:
             _load_rng(tree["rng"])
         if self.extra:
             self.extra.update(tree["extra"])
+
+
+def _hyper(path: str) -> bool:
+    """True for a hyper-parameter of a param group (``optimizers/i/param_groups/g/key``,
+    not its parameter list): one that only the step or only the optimizer has (another
+    torch version, a scheduler's ``initial_lr``) is no mismatch; the optimizer keeps its own."""
+    parts = path.split("/")
+    return len(parts) == 5 and parts[0] == "optimizers" and parts[2] == "param_groups" and parts[4] != "params"
 
 
 def _as_list(value: Any) -> list[Any]:

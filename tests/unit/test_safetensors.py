@@ -89,3 +89,27 @@ def test_a_damaged_file_is_refused_saying_what_is_wrong(tmp_path, content, messa
     (tmp_path / "bad.safetensors").write_bytes(content)
     with pytest.raises(hpckpt.CorruptCheckpointError, match=re.escape(message)):
         import_file(tmp_path / "bad.safetensors", tmp_path / "run")
+
+
+def test_an_export_holds_about_one_tensor_in_memory(tmp_path):
+    import subprocess
+    import sys
+
+    tensor_mib, count = 32, 4
+    with checkpointer(tmp_path / "run", backend="posix") as ckpt:
+        ckpt.save(1, {f"w{index}": hpckpt.Replicated(np.full(tensor_mib << 17, float(index))) for index in range(count)})
+    measure = (
+        "import resource, sys, hpckpt\n"
+        "from hpckpt.safetensors_io import export_step\n"
+        "reader = hpckpt.CheckpointReader(sys.argv[1]); reader.manifest()\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "export_step(reader, 1, sys.argv[2])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", measure, str(tmp_path / "run"), str(tmp_path / "w.safetensors")],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    grown_mib = int(result.stdout) / 1024  # ru_maxrss is in KiB on Linux
+    assert grown_mib < 1.5 * tensor_mib, f"the export's peak grew by {grown_mib:.0f} MiB for {count} x {tensor_mib} MiB"
+    loaded = safetensors_numpy.load_file(str(tmp_path / "w.safetensors"))
+    assert [float(loaded[f"w{index}"][-1]) for index in range(count)] == [0.0, 1.0, 2.0, 3.0]

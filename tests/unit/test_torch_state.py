@@ -93,3 +93,28 @@ def test_a_model_that_changed_is_refused_naming_the_leaves(tmp_path):
     missing, unexpected = str(info.value).split("not in the training state")
     assert "missing ['model/3.bias', 'model/3.weight'" in missing and "schedulers" not in missing
     assert "'schedulers/0/last_epoch'" in unexpected  # saved with a scheduler, restored without
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
+    lambda params: torch.optim.Adam(params, lr=1e-2, amsgrad=True),
+    lambda params: torch.optim.RMSprop(params, lr=1e-3, momentum=0.5, centered=True),
+    lambda params: torch.optim.Adagrad(params, lr=1e-2),  # creates its state at construction
+    lambda params: torch.optim.Adamax(params, lr=1e-2),
+], ids=["sgd", "adam", "rmsprop", "adagrad", "adamax"])  # fmt: skip
+def test_any_optimizer_comes_back_and_trains_on_alike(tmp_path, make_optimizer):
+    model, _, _ = fresh(0)
+    optimizer = make_optimizer(model.parameters())
+    train(model, optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer), 3)
+    with checkpointer(tmp_path / "run") as ckpt:
+        ckpt.save(3, hpckpt_torch.TrainingState(model, optimizer, rng=False))
+    model2, _, _ = fresh(1)
+    optimizer2 = make_optimizer(model2.parameters())
+    with checkpointer(tmp_path / "run") as ckpt:
+        assert ckpt.restore(hpckpt_torch.TrainingState(model2, optimizer2, rng=False)) == 3
+    groups = [{key: value for key, value in group.items() if key != "initial_lr"}  # the scheduler's, set at its start
+              for group in optimizer.state_dict()["param_groups"]]  # fmt: skip
+    assert optimizer2.state_dict()["param_groups"] == groups
+    train(model, optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer), 2, seed=9)
+    train(model2, optimizer2, torch.optim.lr_scheduler.ConstantLR(optimizer2), 2, seed=9)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
