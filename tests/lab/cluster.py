@@ -301,15 +301,16 @@ class Job:
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
-            try:
+            try:  # a process may end between the listing and the reads: it is no live rank then
                 environ = Path(entry.path, "environ").read_bytes().split(b"\0")
+                command = Path(entry.path, "cmdline").read_bytes().split(b"\0")[0]
             except OSError:
                 continue
             variables = dict(item.split(b"=", 1) for item in environ if b"=" in item)
             rank_text = variables.get(b"PMI_RANK", variables.get(b"OMPI_COMM_WORLD_RANK"))  # MPICH, Open MPI
             if variables.get(JOB_ENV.encode()) != self.job_id.encode() or rank_text is None:
                 continue
-            if b"python" not in Path(entry.path, "cmdline").read_bytes().split(b"\0")[0]:
+            if b"python" not in command:
                 continue
             pid = int(entry.name)
             try:
