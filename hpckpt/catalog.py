@@ -143,7 +143,7 @@ class CheckpointReader:
         manifest = self.manifest(step)
         leaves: dict[str, Any] = {record.path: record for record in manifest.tree_leaves}
         leaves.update(manifest.values)
-        return nest(dict(sorted(leaves.items(), key=lambda item: item[0].split("/"))), manifest.lists)
+        return nest(leaves, manifest.lists)
 
     def record(self, path: str, step: int | None = None) -> LeafRecord:
         """The record of array leaf ``path`` of the saved tree (``Manifest.tree_leaves``:

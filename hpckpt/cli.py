@@ -240,9 +240,7 @@ def _inspect(args: argparse.Namespace) -> int:
             "location": record.location,
             "encoding": record.encoding,
         })  # fmt: skip
-    in_tree_order = sorted([*manifest.values.items(), *((leaf["path"], _ArrayLeaf(leaf)) for leaf in leaves)],
-                           key=lambda item: item[0].split("/"))  # fmt: skip
-    tree = nest(dict(in_tree_order), manifest.lists)
+    tree = nest({**manifest.values, **{leaf["path"]: _ArrayLeaf(leaf) for leaf in leaves}}, manifest.lists)
     summary = {
         "step": manifest.step,
         "backend": manifest.backend,

@@ -166,7 +166,7 @@ def import_file(path: str | os.PathLike[str], destination: str | os.PathLike[str
         data = np.memmap(path, dtype=dtype, mode="c", offset=start + begin, shape=tuple(entry["shape"])) \
             if end > begin else np.empty(entry["shape"], dtype=dtype)  # fmt: skip
         leaves[name] = Replicated(_as_bfloat16(data) if entry["dtype"] == "BF16" else data)
-    tree = nest(dict(sorted(leaves.items(), key=lambda item: item[0].split("/"))), described.get("lists", ()))
+    tree = nest(leaves, described.get("lists", ()))
     chosen = described.get("step", 0) if step is None else step
     existing = RunDirectory(destination).committed_steps() if Path(destination).is_dir() else []
     if chosen in existing:

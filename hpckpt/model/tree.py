@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,8 +72,11 @@ def copy_containers(state: Any) -> Any:
     return state
 
 
-def flatten(state: Any) -> list[Slot]:
+def flatten(state: Any, lists: list[str] | None = None) -> list[Slot]:
     """Return the leaves of ``state`` in a deterministic order (dict keys sorted).
+
+    ``lists``, when given, gets the path of every list in ``state`` appended, in the
+    same order (``""``: ``state`` itself), from the same walk.
 
     Raises
     ------
@@ -84,11 +87,13 @@ def flatten(state: Any) -> list[Slot]:
     if not isinstance(state, (dict, list)):
         raise InvalidStateError(f"the state must be a dict or list, got {type(state).__name__}")
     slots: list[Slot] = []
-    _walk(state, "", slots)
+    _walk(state, "", slots, lists)
     return slots
 
 
-def _walk(node: dict | list, prefix: str, slots: list[Slot]) -> None:
+def _walk(node: dict | list, prefix: str, slots: list[Slot], lists: list[str] | None) -> None:
+    if isinstance(node, list) and lists is not None:
+        lists.append(prefix)
     if isinstance(node, dict):
         items = [(_check_key(key, prefix), key) for key in node]
         entries = [(name, key) for name, key in sorted(items)]
@@ -98,7 +103,7 @@ def _walk(node: dict | list, prefix: str, slots: list[Slot]) -> None:
         path = f"{prefix}/{name}" if prefix else name
         value = node[key]
         if isinstance(value, (dict, list)):
-            _walk(value, path, slots)
+            _walk(value, path, slots, lists)
         elif isinstance(value, ARRAY_LEAF_TYPES) or is_plain(value):
             slots.append(Slot(path, node, key, value))
         elif hasattr(value, "item") and getattr(value, "shape", None) == ():
@@ -118,38 +123,26 @@ def _walk(node: dict | list, prefix: str, slots: list[Slot]) -> None:
 def list_paths(state: dict | list) -> tuple[str, ...]:
     """The paths of the lists in ``state`` (``""``: ``state`` itself), in tree order."""
     found: list[str] = []
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, list):
-            found.append(path)
-            entries: Any = ((str(index), value) for index, value in enumerate(node))
-        elif isinstance(node, dict):
-            entries = sorted((str(key), value) for key, value in node.items())
-        else:
-            return
-        for name, value in entries:
-            walk(value, f"{path}/{name}" if path else name)
-
-    walk(state, "")
+    flatten(state, found)
     return tuple(found)
 
 
-def nest(leaves: Mapping[str, Any], lists: Collection[str], make: Callable[[str, Any], Any] = lambda _, v: v) -> Any:
-    """The tree whose leaf at each path of ``leaves`` is ``make(path, value)``: dicts,
-    and lists at the paths in ``lists`` (their entries in index order). The inverse of
-    :func:`flatten` for a tree without empty containers. Pure."""
+def nest(leaves: Mapping[str, Any], lists: Collection[str]) -> Any:
+    """The tree that holds each value of ``leaves`` at its path: dicts (keys in the order
+    :func:`flatten` walks them), and lists at the paths in ``lists`` (entries in index
+    order). The inverse of :func:`flatten` for a tree without empty containers. Pure."""
     root: dict[str, Any] = {}
     for path, value in leaves.items():
         node = root
         *parents, name = path.split("/")
         for parent in parents:
             node = node.setdefault(parent, {})
-        node[name] = make(path, value)
+        node[name] = value
 
     def build(node: Any, path: str) -> Any:
         if not isinstance(node, dict):
             return node
-        children = {key: build(value, f"{path}/{key}" if path else key) for key, value in node.items()}
+        children = {key: build(value, f"{path}/{key}" if path else key) for key, value in sorted(node.items())}
         if path in lists:
             return [children[key] for key in sorted(children, key=int)]
         return children

@@ -57,7 +57,7 @@ from ..model.layout import (
 )
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
 from ..model.manifest import PACK_PATH, LeafRecord, Manifest
-from ..model.tree import Slot, flatten, list_paths
+from ..model.tree import Slot, flatten
 from ..storage.base import Annotations, Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_files
 from ..storage.retention import RetentionPolicy, retain
@@ -111,7 +111,8 @@ def plan_local(
     arrays: dict[str, np.ndarray] = {}
     values: dict[str, Any] = {}
     members: list[tuple[PlannedMember, np.ndarray]] = []
-    slots = flatten(state)
+    lists: list[str] = []
+    slots = flatten(state, lists)
     copies = start_device_copies(slots)
     for slot in slots:
         leaf = slot.value
@@ -166,7 +167,7 @@ def plan_local(
     if members:
         leaves.append(_pack(members, encode, arrays, deferred, lent))
     dims = {slot.path: slot.value.dims for slot in slots if getattr(slot.value, "dims", None)}
-    return RankPlan(tuple(leaves), values, list_paths(state), dims), arrays
+    return RankPlan(tuple(leaves), values, tuple(lists), dims), arrays
 
 
 def _pack(
