@@ -165,7 +165,7 @@ def _ls(args: argparse.Namespace) -> int:
         manifest = entry.manifest
         status, problem = entry.status, entry.problem
         if args.verify and status == "committed":
-            findings = _verified(reader, entry.step)
+            findings = _verified(reader, manifest)
             status, problem = ("corrupt", findings[0].message) if findings else ("verified", None)
         rows.append({
             "step": entry.step,
@@ -194,15 +194,13 @@ def _ls(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-def _verified(reader: Any, step: int) -> list[Any]:
-    """The findings of recomputing every checksum of ``step``, with a progress line on a terminal."""
+def _verified(reader: Any, manifest: Any) -> list[Any]:
+    """The findings of recomputing every checksum of ``manifest``'s step, with a progress line on a terminal."""
     from .progress import ProgressLine
 
-    manifest = reader.manifest(step)
-    total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
-    progress = ProgressLine(f"verify step {step}", total)
+    progress = ProgressLine(f"verify step {manifest.step}", sum(record.nbytes for record in manifest.leaves))
     try:
-        return reader.verify(step, progress)
+        return reader.verify(manifest.step, progress)
     finally:
         progress.close()
 
@@ -312,15 +310,15 @@ def _holds_values(entry: Any) -> bool:
 
 def _verify(args: argparse.Namespace) -> int:
     reader = _reader(args.directory)
-    steps = reader.steps() if args.all else [reader.manifest(args.step).step]
-    if not steps:
+    manifests = [reader.manifest(step) for step in reader.steps()] if args.all else [reader.manifest(args.step)]
+    if not manifests:
         raise MissingStepError(f"{reader.run_dir.root} holds no committed step to verify")
     results = []
-    for step in steps:
-        manifest = reader.manifest(step)
-        findings = _verified(reader, step)
+    for manifest in manifests:
+        step = manifest.step
+        findings = _verified(reader, manifest)
         blocks = sum(len(record.blocks) for record in manifest.leaves)
-        total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
+        total = sum(record.nbytes for record in manifest.leaves)
         results.append({"step": step, "ok": not findings, "blocks": blocks, "bytes": total,
                         "findings": [vars(finding) for finding in findings]})  # fmt: skip
         if args.json:
@@ -335,7 +333,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results if args.all else results[0], indent=1))
     elif args.all:
-        print(f"{len(steps) - len(bad)} of {len(steps)} committed step(s) OK" + (f"; bad: {bad}" if bad else ""))
+        print(f"{len(manifests) - len(bad)} of {len(manifests)} committed step(s) OK" + (f"; bad: {bad}" if bad else ""))
     return 1 if bad else 0
 
 
@@ -353,8 +351,7 @@ def _convert(args: argparse.Namespace) -> int:
     reader = _reader(args.source)
     if args.to == "safetensors":
         manifest = reader.manifest(args.step)
-        total = sum(b.size * r.itemsize for r in manifest.tree_leaves for b in r.blocks)
-        progress = ProgressLine(f"export step {manifest.step}", total)
+        progress = ProgressLine(f"export step {manifest.step}", sum(record.nbytes for record in manifest.tree_leaves))
         path = export_step(reader, manifest.step, args.destination, progress)
         progress.close()
         print(f"step {manifest.step}: {manifest.backend} -> safetensors: {path}")
@@ -364,8 +361,7 @@ def _convert(args: argparse.Namespace) -> int:
         raise HpckptError(f"{args.source} holds no committed step to convert")
     for step in steps:
         manifest = reader.manifest(step)
-        total = sum(b.size * r.itemsize for r in manifest.leaves for b in r.blocks)
-        progress = ProgressLine(f"convert step {step}", total)
+        progress = ProgressLine(f"convert step {step}", sum(record.nbytes for record in manifest.leaves))
         path = convert_step(reader, step, args.destination, args.to, progress=progress)
         progress.close()
         print(f"step {step}: {manifest.backend} -> {args.to}: {path}")

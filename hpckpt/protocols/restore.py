@@ -253,13 +253,13 @@ def _restored(step: int, manifest: Manifest, slots: list[Slot], rank: int) -> Re
     """``step``'s :class:`Restored`, with what it left alone; rank 0 warns when anything was."""
     in_state = {slot.path for slot in slots}
     in_step = [record.path for record in manifest.tree_leaves] + list(manifest.values)
-    missing = tuple(path for path in in_state.difference(in_step))
+    missing = tuple(sorted(in_state.difference(in_step)))
     unexpected = tuple(path for path in in_step if path not in in_state)
     if (missing or unexpected) and rank == 0:
-        warnings.warn(f"restored step {step} without the state's leaves {sorted(missing)} (not in the step, left as "
+        warnings.warn(f"restored step {step} without the state's leaves {list(missing)} (not in the step, left as "
                       f"they were) and without the step's leaves {list(unexpected)} (not in the state)",
                       PartialRestoreWarning, stacklevel=5)  # fmt: skip
-    return Restored(step, tuple(sorted(missing)), unexpected)
+    return Restored(step, missing, unexpected)
 
 
 def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, choice: RestoreChoice) -> list[str]:
@@ -268,6 +268,7 @@ def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, ch
     source = local_source(manifest, size, rank, choice.local_from)
     stored = {record.path: record for record in manifest.tree_leaves}
     found: list[str] = []
+    unmatched = 0  # leaves of only the state or only the step: differences when strict
     for slot in slots:
         leaf = slot.value
         if not isinstance(leaf, ARRAY_LEAF_TYPES):
@@ -275,11 +276,13 @@ def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, ch
                 found.append(f"plain value {slot.path!r} is a {stored[slot.path].kind} array in the checkpoint")
             elif slot.path not in manifest.values and choice.strict:
                 found.append(f"plain value {slot.path!r} is not in the checkpoint")
+                unmatched += 1
             continue
         record = stored.get(slot.path)
         if record is None:
             if choice.strict:
                 found.append(f"{leaf.kind} leaf {slot.path!r} is not in the checkpoint")
+                unmatched += 1
             continue
         if record.kind != leaf.kind:
             found.append(f"leaf {slot.path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint")
@@ -336,13 +339,14 @@ def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, ch
     if not choice.strict:
         return found
     paths = {slot.path for slot in slots}
-    found += [
+    extra = [
         f"{r.kind} leaf {r.path!r} is in the checkpoint but not in the state"
         for r in manifest.tree_leaves
         if r.path not in paths
     ]
-    found += [f"plain value {p!r} is in the checkpoint but not in the state" for p in manifest.values if p not in paths]
-    if any(finding.endswith(("is not in the checkpoint", "but not in the state")) for finding in found):
+    extra += [f"plain value {p!r} is in the checkpoint but not in the state" for p in manifest.values if p not in paths]
+    found += extra
+    if unmatched or extra:
         found.append("(Checkpointer.restore(state, strict=False) restores the leaves both have and leaves the others alone)")
     return found
 
