@@ -29,7 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
@@ -72,18 +72,46 @@ def run_phase(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> T:
         On every rank, when ``action`` raised on any rank; it chains the local
         exception where there is one.
     """
-    return _agree(comm, phase, action, share=False)
+    return _agree(comm, phase, action)
 
 
-def gather_phase(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> list[T]:
+def gather_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int | None = None) -> list[T]:
     """Like :func:`run_phase`, and return every rank's result, indexed by rank.
 
-    Collective over ``comm``. The results travel to every rank: keep them small.
+    Collective over ``comm``. The results travel to every rank (with ``root``: to that
+    rank only, and the others get an empty list): keep them small.
     """
-    return _agree(comm, phase, action, share=True)
+    result = _agree(comm, phase, action)
+    if root is None:
+        return comm.allgather(result)
+    gathered = comm.gather(result, root=root)
+    return gathered if gathered is not None else []
 
 
-def _agree(comm: MPI.Comm, phase: str, action: Callable[[], T], *, share: bool) -> Any:
+def share_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int = 0) -> T:
+    """Like :func:`run_phase`, and return ``root``'s result on every rank (a broadcast:
+    logarithmic, where gathering every rank's result grows with the ranks). Collective."""
+    return comm.bcast(_agree(comm, phase, action), root=root)
+
+
+def merged_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[str]]) -> list[str]:
+    """Like :func:`run_phase`, and return every rank's findings (``action`` returns a
+    list of them), each once, in rank order, on every rank. Collective.
+
+    Gathered to rank 0 and broadcast: two logarithmic collectives, whose messages grow
+    with the findings only (rank 0 receives one empty list from each rank that has none).
+    """
+    gathered = comm.gather(_agree(comm, phase, action), root=0)
+    merged = None if gathered is None else list(dict.fromkeys(finding for findings in gathered for finding in findings))
+    return comm.bcast(merged, root=0)
+
+
+def _agree(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> T:
+    """This rank's result of ``action`` once every rank has run it without an error.
+
+    The agreement is one integer reduction; only when some rank failed are the failures
+    gathered (to name the ranks and what each saw).
+    """
     result = None
     error: Exception | None = None
     try:
@@ -92,11 +120,10 @@ def _agree(comm: MPI.Comm, phase: str, action: Callable[[], T], *, share: bool) 
         error = exc
     failure = describe_failure(error, comm.rank) if error is not None else None
     await_everyone(comm, phase)
-    gathered = comm.allgather((result if share else None, failure))
-    failures = {rank: text for rank, (_, text) in enumerate(gathered) if text is not None}
-    if failures:
+    if comm.allreduce(int(failure is not None)):
+        failures = {rank: text for rank, text in enumerate(comm.allgather(failure)) if text is not None}
         raise CollectiveError(phase, failures, comm.size) from error
-    return [value for value, _ in gathered] if share else result
+    return cast(T, result)
 
 
 def phase_timeout() -> float | None:

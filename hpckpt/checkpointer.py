@@ -10,7 +10,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ._comm import gather_phase, run_phase
+from ._comm import run_phase, share_phase
 from ._hooks import FINISHED_FILE_ENV
 from .buffers.device import STAGER
 from .engines import Engine, SaveHandle, open_engine
@@ -229,7 +229,7 @@ class Checkpointer:
             check_plain(value)
             return json.dumps(value)
 
-        return json.loads(gather_phase(control, f"broadcast from rank {root}", encode)[root])
+        return json.loads(share_phase(control, f"broadcast from rank {root}", encode, root))
 
     def wait(self) -> None:
         """Finish every non-blocking save; raise the first error among them. Collective."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ._comm import gather_phase
+from ._comm import share_phase
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -134,7 +134,7 @@ class JobControl:
         self._longest_step = 0.0
         self._last_call: float | None = None
         if end_time is None:  # rank 0 asks; a bad HPCKPT_END_TIME then fails on every rank, no rank waits
-            end_time = gather_phase(comm, "read the job's end time", lambda: job_end_time() if comm.rank == 0 else None)[0]
+            end_time = share_phase(comm, "read the job's end time", lambda: job_end_time() if comm.rank == 0 else None)
         self.end_time: float | None = end_time
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.signals}
         comm.Barrier()  # every rank's handlers are in place

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..protocols.coordinated import SaveReport, save_coordinated
+from ..protocols.coordinated import LayoutMemory, SaveReport, save_coordinated
 from ..protocols.restore import RestoreChoice, Restored, list_committed_steps, restore_newest
 from .background import BackgroundSaves, SaveHandle
 from .base import Engine
@@ -18,11 +18,19 @@ from .base import Engine
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+    from ..options import Options
+    from ..storage.base import Backend
+    from ..storage.commit import RunDirectory
+
 
 class CoordinatedEngine(Engine):
     """Coordinated saves into the run directory, blocking or in the background."""
 
     _background: BackgroundSaves | None = None
+
+    def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
+        super().__init__(control, run_dir, backend, options)
+        self.layouts = LayoutMemory()  # a later save of the same layout reuses it (protocols/coordinated.py)
 
     def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
         if not blocking:
@@ -40,7 +48,7 @@ class CoordinatedEngine(Engine):
         retention, storage = self.options.retention, self.options.storage
         return save_coordinated(
             comm, self.run_dir, self.backend, step, state, retention=retention.policies(), metric=metric,
-            incremental=storage.incremental, base=base,
+            incremental=storage.incremental, base=base, layouts=self.layouts,
         )  # fmt: skip
 
     def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:

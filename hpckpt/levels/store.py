@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import gather_phase, run_phase
+from .._comm import run_phase
 from ..protocols.coordinated import SaveReport, save_coordinated
 from ..protocols.restore import RestoreChoice, Restored, restore_newest
 from ..storage.commit import RunDirectory, replace_directory
@@ -204,11 +204,11 @@ class NodeLocalStore:
             self._restore_from_parity(step, missing)
         from mpi4py import MPI
 
-        restored = gather_phase(
+        restored = run_phase(
             self.comm,
             f"local step {step}: read",
             lambda: restore_newest(MPI.COMM_SELF, self.own, self.backend, state, replace(choice, step=step)),
-        )[self.comm.rank]
+        )
         assert restored is not None  # the step is committed in self.own: restore_newest raised otherwise
         return restored
 

@@ -1,10 +1,12 @@
 """Save plans: what each rank holds, and the merged, validated layout of a step.
 
-Every rank builds a :class:`RankPlan` of its own leaves; after an allgather every rank
-merges the same list of plans with :func:`merge_plans`, so all of them reach the same
-layout or raise the same error without another round of messages. A rank's Local
-leaves of at most :data:`PACK_LIMIT` bytes are planned as members of its pack (one
-block at ``PACK_PATH``, see :mod:`hpckpt.model.manifest`).
+Every rank builds a :class:`RankPlan` of its own leaves. The first save gathers every
+plan to every rank, and each merges the same list with :func:`merge_plans`, so all of
+them reach the same layout or raise the same error without another round of messages.
+A later save whose ranks all give the plans' :func:`plan_digests` of that layout again
+reuses it (:class:`AgreedLayout`): no plan travels. A rank's Local leaves of at most
+:data:`PACK_LIMIT` bytes are planned as members of its pack (one block at
+``PACK_PATH``, see :mod:`hpckpt.model.manifest`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checksum import text_checksum
 from ..errors import InvalidStateError
 from .boxes import Box, check_tiling
 from .manifest import PACK_PATH, PACKED, Block, LeafRecord, Member, describe_encoding
@@ -86,6 +89,64 @@ class RankPlan:
     values: dict[str, Any]
     lists: tuple[str, ...] = ()  # the paths of the tree's lists (:func:`~hpckpt.model.tree.list_paths`)
     dims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # axis names of the leaves that have them
+
+
+DIGEST_BITS = 62  # digests fit an int64 with their negation (a minimum reduction then also gives the maximum)
+
+
+def plan_digests(plan: RankPlan) -> tuple[int, int]:
+    """The ``(agreement, layout)`` digests of one rank's plan. Pure.
+
+    ``agreement`` covers what every rank must give alike: the tree (each array leaf's
+    path, kind, dtype and encoding, packed or not), global shapes, replicated arrays'
+    shapes and chunk checksums, plain values, lists and axis names. ``layout`` covers
+    what decides where this rank's blocks go: every field of its leaf plans but their
+    checksums. Equal digests on every rank mean, up to a 2^-62 chance, what a merge of
+    the plans would find; unequal ones leave the verdict (and the error) to the merge.
+    """
+    agreed: list[tuple[Any, ...]] = []
+    for leaf in plan.leaves:
+        if leaf.members:
+            agreed += [(path, "local", dtype, encoding) for path, dtype, _, encoding in leaf.members]
+        elif leaf.kind == "replicated":
+            agreed.append((leaf.path, leaf.kind, leaf.dtype, leaf.encoding, leaf.shape, leaf.chunk_checksums))
+        elif leaf.kind == "distributed":
+            agreed.append((leaf.path, leaf.kind, leaf.dtype, leaf.encoding, leaf.global_shape))
+        else:
+            agreed.append((leaf.path, leaf.kind, leaf.dtype, leaf.encoding))
+    values = sorted((path, type(value).__name__, repr(value)) for path, value in plan.values.items())
+    shared = (sorted(agreed, key=lambda entry: entry[0]), values, plan.lists, sorted(plan.dims.items()))
+    layout = [(leaf.path, leaf.kind, leaf.dtype, leaf.shape, leaf.offset, leaf.global_shape, leaf.encoding,
+               leaf.stored_bytes, leaf.codec, leaf.members) for leaf in plan.leaves]  # fmt: skip
+    return _digest(repr(shared)), _digest(repr(layout))
+
+
+def _digest(text: str) -> int:
+    return int(text_checksum(text), 16) >> (64 - DIGEST_BITS)
+
+
+@dataclass(frozen=True)
+class AgreedLayout:
+    """The laid-out records of a save, kept for later saves of the same layout.
+
+    ``fingerprint`` is alike on every rank (a digest of every rank's layout digest, in
+    rank order); ``own`` is this rank's layout digest, ``size`` the ranks that saved.
+    The blocks' checksums are all :data:`LATER`: each save fills in its own
+    (:func:`fill_checksums`).
+    """
+
+    fingerprint: int
+    own: int
+    size: int
+    records: tuple[LeafRecord, ...]
+
+    @classmethod
+    def of(cls, plans: Sequence[RankPlan], rank: int, records: Sequence[LeafRecord]) -> AgreedLayout:
+        """The layout of ``records``, laid out from ``plans`` (every rank's), kept by ``rank``."""
+        layouts = [plan_digests(plan)[1] for plan in plans]
+        later = tuple(replace(record, blocks=tuple(replace(block, checksum=LATER) for block in record.blocks))
+                      for record in records)  # fmt: skip
+        return cls(_digest(repr(layouts)), layouts[rank], len(plans), later)
 
 
 def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:
@@ -190,13 +251,17 @@ def _merge_leaf(per_rank: list[tuple[int, LeafPlan]], complete: bool) -> LeafRec
     return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
 
 
-def fill_checksums(records: Sequence[LeafRecord], per_rank: Sequence[Mapping[str, str]]) -> tuple[LeafRecord, ...]:
+def fill_checksums(
+    records: Sequence[LeafRecord], per_rank: Sequence[Mapping[str, str]], chunks: Mapping[str, Sequence[str]]
+) -> tuple[LeafRecord, ...]:
     """``records`` whose blocks' :data:`LATER` checksums are replaced by their ranks'
-    reports (``per_rank[rank][path]``). Pure; every rank computes the same."""
+    reports (``per_rank[rank][path]``), a replicated leaf's by its chunk checksums
+    (``chunks[path]``, which every rank computed alike). Pure."""
     filled = []
     for record in records:
         if any(block.checksum == LATER and block.rank >= 0 for block in record.blocks):
-            blocks = tuple(replace(block, checksum=per_rank[block.rank][record.path])
+            found = chunks[record.path] if record.kind == "replicated" else None
+            blocks = tuple(replace(block, checksum=per_rank[block.rank][record.path] if found is None else found[block.rank])
                            if block.checksum == LATER and block.rank >= 0 else block for block in record.blocks)  # fmt: skip
             record = replace(record, blocks=blocks)
         filled.append(record)

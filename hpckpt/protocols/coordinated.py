@@ -23,6 +23,7 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import traceback
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import abort_job, await_everyone, describe_failure, gather_phase, io_deadline, run_phase
+from .._comm import abort_job, await_everyone, describe_failure, gather_phase, io_deadline, run_phase, share_phase
 from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import leaf_encoding
@@ -46,6 +47,7 @@ from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
 from ..model.layout import (
     LATER,
     PACK_LIMIT,
+    AgreedLayout,
     LeafPlan,
     PlannedMember,
     RankPlan,
@@ -53,6 +55,7 @@ from ..model.layout import (
     merge_plans,
     pack_plan,
     packed_bytes,
+    plan_digests,
     replicated_chunks,
 )
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
@@ -73,13 +76,16 @@ PACK_BUFFERS = AlignedPool(keep=2)
 @dataclass(frozen=True)
 class SaveReport:
     """What one save did: its step, bytes this rank staged, phase timings (s), deleted
-    steps, and the bytes this rank wrote (fewer than staged when blocks were reused)."""
+    steps, the bytes this rank wrote (fewer than staged when blocks were reused), and
+    whether the ranks' plans were gathered and merged (else the layout of an earlier
+    save was agreed on and reused, see :func:`agree_on_layout`)."""
 
     step: int
     local_bytes: int
     seconds: dict[str, float]
     deleted_steps: tuple[int, ...]
     written_bytes: int = 0
+    plans_gathered: bool = True
 
 
 def plan_local(
@@ -283,6 +289,7 @@ def save_coordinated(
     complete: bool = True,
     incremental: int = 0,
     base: int | None = None,
+    layouts: LayoutMemory | None = None,
 ) -> SaveReport:
     """Save ``state`` as step ``step`` and commit it (see the module docstring).
 
@@ -294,6 +301,8 @@ def save_coordinated(
     ``base`` compares with that committed step instead (a delta over it). The
     uncoordinated protocol calls it on ``COMM_SELF`` with ``protocol`` naming it in
     the manifest and ``complete=False`` (its distributed leaves hold one rank's box).
+    With ``layouts``, a save whose every rank plans the layout of the last save again
+    reuses that save's merged layout (:func:`agree_on_layout`): no plans are gathered.
     """
     rank = comm.rank
     created = time.time()
@@ -310,28 +319,30 @@ def save_coordinated(
         finally:
             seconds[name] = time.perf_counter() - start
 
-    def plan() -> tuple[int, RankPlan]:
+    def plan() -> RankPlan:
         point("save.plan")
         rank_plan, arrays = plan_local(state, backend, rank, comm.size, None if delta_planned else deferred, lent)
         staged.update(arrays)
-        return step, rank_plan
+        return rank_plan
 
-    gathered = timed("plan", plan, gather_phase)
-    steps = {rank_step for rank_step, _ in gathered}
-    if len(steps) > 1:
-        per_rank = ", ".join(f"rank {r}: {s}" for r, (s, _) in enumerate(gathered))
-        raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
-    merged, values = merge_plans([rank_plan for _, rank_plan in gathered], complete=complete)
-    dims = gathered[0][1].dims  # merge_plans checked that every rank gives the same
-    annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
+    rank_plan = timed("plan", plan)
+    agreed = agree_on_layout(comm, step, rank_plan, None if delta_planned else layouts)
+    values, dims = rank_plan.values, rank_plan.dims  # alike on every rank: agreed, or checked by merge_plans
     delta: Delta | None = None
-    if delta_planned:
-        base_manifest = timed(
-            "base", lambda: choose_base(run_dir, step, incremental, base) if rank == 0 else None, gather_phase
-        )[0]
-        if base_manifest is not None:
-            delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM)
-    records = backend.layout(to_write(merged, delta))
+    if agreed is not None:
+        merged = records = agreed.records
+    else:
+        plans = comm.allgather(rank_plan)
+        merged, values = merge_plans(plans, complete=complete)
+        if delta_planned:
+            base_manifest = timed("base", lambda: choose_base(run_dir, step, incremental, base) if rank == 0 else None,
+                                  share_phase)  # fmt: skip
+            if base_manifest is not None:
+                delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM)
+        records = backend.layout(to_write(merged, delta))
+        if layouts is not None and not delta_planned:
+            layouts.last = AgreedLayout.of(plans, rank, records)
+    annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
 
     needed = sum(record.nbytes for record in records)
     timed("prepare", lambda: run_dir.prepare(step, needed) if rank == 0 else None)
@@ -355,36 +366,35 @@ def save_coordinated(
 
     def sync() -> tuple[dict[str, int], dict[str, str]]:
         point("save.sync")
-        return sync_files(temp, backend.written_files(files, rank, comm.size)), checksums.result()
+        return sync_files(temp, backend.written_files(files, rank, comm.size)), {**own_checksums(rank_plan), **checksums.result()}
 
-    synced = timed("sync", sync, gather_phase)
+    synced = timed("sync", sync, functools.partial(gather_phase, root=0))  # rank 0 alone writes the manifest
     PACK_BUFFERS.give_back(lent)  # a failed save leaves its pack buffer to the garbage collector
-    durable_sizes = merge_sizes(sizes for sizes, _ in synced)
-    if not delta_planned:
-        records = fill_checksums(records, [checksums for _, checksums in synced])
-    manifest = Manifest(
-        step=step,
-        protocol=protocol,
-        backend=backend.name,
-        world_size=comm.size,
-        checksum_algorithm=ALGORITHM,
-        leaves=compose(merged, records, delta),
-        values=values,
-        created=created,
-        committed=time.time(),
-        files=dict.fromkeys(files),
-        metric=None if metric is None else float(metric),
-        file_checksums=dict.fromkeys(backend.metadata_files(files)),
-        delta_base=delta.base if delta is not None and delta.reused else None,
-        delta_chain=delta.chain if delta is not None and delta.reused else 0,
-        lists=gathered[0][1].lists,
-        dims=dims,
-    )
 
     def commit() -> None:
         point("save.commit")
-        if rank == 0:
-            run_dir.commit(manifest, durable_sizes)
+        if rank != 0:
+            return
+        filled = records if delta_planned else fill_checksums(records, [sums for _, sums in synced], chunk_checksums(rank_plan))
+        manifest = Manifest(
+            step=step,
+            protocol=protocol,
+            backend=backend.name,
+            world_size=comm.size,
+            checksum_algorithm=ALGORITHM,
+            leaves=compose(merged, filled, delta),
+            values=values,
+            created=created,
+            committed=time.time(),
+            files=dict.fromkeys(files),
+            metric=None if metric is None else float(metric),
+            file_checksums=dict.fromkeys(backend.metadata_files(files)),
+            delta_base=delta.base if delta is not None and delta.reused else None,
+            delta_chain=delta.chain if delta is not None and delta.reused else 0,
+            lists=rank_plan.lists,
+            dims=dims,
+        )
+        run_dir.commit(manifest, merge_sizes(sizes for sizes, _ in synced))
 
     timed("commit", commit)
 
@@ -393,10 +403,58 @@ def save_coordinated(
         recycle = backend.writes_in_place
         return retain(run_dir, retention, recycle=recycle) if rank == 0 else []
 
-    deleted = timed("retain", delete_old_steps, gather_phase)[0]
+    deleted = timed("retain", delete_old_steps, share_phase)
     local_bytes = sum(array.nbytes for array in staged.values())
     written = sum(data.array.nbytes for data in own_blocks)
-    return SaveReport(step, local_bytes, seconds, tuple(deleted), written)
+    return SaveReport(step, local_bytes, seconds, tuple(deleted), written, agreed is None)
+
+
+class LayoutMemory:
+    """The layout of an engine's last save that gathered the plans, for its next saves."""
+
+    def __init__(self) -> None:
+        self.last: AgreedLayout | None = None
+
+
+def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMemory | None) -> AgreedLayout | None:
+    """The remembered layout when every rank's plan gives it again, else None (the plans
+    must then be gathered and merged). Collective over ``comm``: one reduction of seven
+    integers, after the plan phase.
+
+    Every rank must save the same ``step`` and give the same agreement digest
+    (:func:`~hpckpt.model.layout.plan_digests`), remember the same layout (its
+    fingerprint) and give its own layout digest of it again.
+
+    Raises
+    ------
+    InvalidStateError
+        On every rank, naming each rank's step, when the ranks save different steps.
+    """
+    from mpi4py import MPI
+
+    agreement, layout = plan_digests(plan)
+    last = memory.last if memory is not None else None
+    fingerprint = last.fingerprint if last is not None else -1
+    unchanged = last is not None and last.own == layout and last.size == comm.size
+    ours = np.array([step, -step, agreement, -agreement, fingerprint, -fingerprint, 0 if unchanged else -1], dtype=np.int64)
+    lowest = np.empty_like(ours)
+    comm.Allreduce(ours, lowest, op=MPI.MIN)
+    if lowest[0] != -lowest[1]:
+        per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(comm.allgather(step)))
+        raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
+    alike = lowest[2] == -lowest[3] and lowest[4] == -lowest[5] and lowest[6] == 0
+    return last if alike else None
+
+
+def own_checksums(plan: RankPlan) -> dict[str, str]:
+    """The checksums of this rank's blocks known at planning (device copies, lossy blocks,
+    incremental saves), by path; the others come from :func:`checksum_in_background`."""
+    return {leaf.path: leaf.checksum for leaf in plan.leaves if leaf.kind != "replicated" and leaf.checksum != LATER}
+
+
+def chunk_checksums(plan: RankPlan) -> dict[str, tuple[str, ...]]:
+    """The checksums of every replicated leaf's row chunks, by path (alike on every rank)."""
+    return {leaf.path: leaf.chunk_checksums for leaf in plan.leaves if leaf.kind == "replicated"}
 
 
 def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> None:

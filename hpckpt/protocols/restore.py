@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import gather_phase, run_phase
+from .._comm import merged_phase, run_phase, share_phase
 from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
@@ -123,7 +123,7 @@ class _Share:
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
     """Committed steps, oldest first, as rank 0 sees them. Collective over ``comm``."""
-    return gather_phase(comm, "list steps", lambda: run_dir.committed_steps() if comm.rank == 0 else [])[0]
+    return share_phase(comm, "list steps", lambda: run_dir.committed_steps() if comm.rank == 0 else [])
 
 
 @collection_paused()
@@ -165,7 +165,7 @@ def restore_newest(
     mismatch: StateMismatchError | None = None
     for step in reversed(steps):
         source = str(run_dir.manifest_path(step))
-        text = gather_phase(comm, f"restore step {step}: manifest", lambda: _read_text(run_dir, step, comm.rank))[0]
+        text = share_phase(comm, f"restore step {step}: manifest", lambda: _read_text(run_dir, step, comm.rank))
         try:
             if isinstance(text, BaseException):
                 raise text
@@ -175,19 +175,19 @@ def restore_newest(
             problems.append(f"step {step}: {exc}")
             _warn_fallback(step, [str(exc)], steps)
             continue
-        differences = _merged(gather_phase(
+        differences = merged_phase(
             comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, choice)
-        ))  # fmt: skip
+        )
         if differences:  # damage, or the user's tree changed: fatal only if no older step matches
             mismatch = mismatch or _mismatch_error(step, source, differences)
             problems.append(f"step {step}: does not match the state: {differences[0]}")
             if step > steps[0]:  # else the StateMismatchError below says it all
                 _warn_fallback(step, differences, steps, what=f"({source}) does not match the state")
             continue
-        damaged = gather_phase(
+        damaged = share_phase(
             comm, f"restore step {step}: files",
             lambda: damaged_files(run_dir, manifest) if comm.rank == 0 else [],
-        )[0]
+        )
         if damaged:
             problems.append(f"step {step}: {damaged[0]}")
             _warn_fallback(step, damaged, steps)
@@ -196,12 +196,9 @@ def restore_newest(
             comm, f"restore step {step}: plan",
             lambda: _plan_reads(manifest, slots, comm.size, comm.rank, choice.local_from),
         )  # fmt: skip
-        corrupt = gather_phase(
-            comm,
-            f"restore step {step}: read",
-            lambda: _read_and_verify(manifest, backend, run_dir, pieces, comm.rank),
+        findings = merged_phase(
+            comm, f"restore step {step}: read", lambda: _read_and_verify(manifest, backend, run_dir, pieces, comm.rank)
         )
-        findings = _merged(corrupt)
         if findings:
             problems.append(f"step {step}: {findings[0]}")
             _warn_fallback(step, findings, steps)
@@ -359,14 +356,6 @@ def _allocation_limit(manifest: Manifest, block: Block) -> int:
     if block.location.get("codec") is None and IN_STEP not in block.location and stored:
         return min(memory, sum(stored))
     return memory
-
-
-def _merged(per_rank: list[list[str]]) -> list[str]:
-    """Every rank's findings, each once, in rank order."""
-    merged: list[str] = []
-    for findings in per_rank:
-        merged += [finding for finding in findings if finding not in merged]
-    return merged
 
 
 def _mismatch_error(step: int, source: str, differences: list[str]) -> StateMismatchError:

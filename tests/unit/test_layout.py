@@ -6,10 +6,13 @@ from hpckpt import InvalidStateError
 from hpckpt.model.layout import (
     LATER,
     MIN_REPLICATED_CHUNK,
+    AgreedLayout,
     LeafPlan,
     RankPlan,
     fill_checksums,
     merge_plans,
+    pack_plan,
+    plan_digests,
     replicated_chunks,
 )
 
@@ -76,7 +79,36 @@ def test_pending_checksums_are_filled_from_each_ranks_report():
     plans = [RankPlan((LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), LATER),), {}),
              RankPlan((LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER),), {})]  # fmt: skip
     records, _ = merge_plans(plans)
-    (filled,) = fill_checksums(records, [{"u": "aa"}, {"u": "bb"}])
+    (filled,) = fill_checksums(records, [{"u": "aa"}, {"u": "bb"}], {})
     assert [block.checksum for block in filled.blocks] == ["aa", "bb"]
     done = merge_plans([RankPlan((dist((0,), (4,)),), {})])[0]
-    assert fill_checksums(done, [{}]) == done  # nothing pending: unchanged
+    assert fill_checksums(done, [{}], {}) == done  # nothing pending: unchanged
+
+
+def test_digests_split_what_ranks_share_from_where_each_rank_writes():
+    first, second = RankPlan((dist((0,), (3,)),), {"it": 1}), RankPlan((dist((3,), (1,)),), {"it": 1})
+    assert plan_digests(first)[0] == plan_digests(second)[0]  # the same tree and values
+    assert plan_digests(first)[1] != plan_digests(second)[1]  # other boxes
+    recomputed = RankPlan((LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), "other checksum"),), {"it": 1})
+    assert plan_digests(recomputed) == plan_digests(first)  # new data, same layout: both digests unchanged
+    assert plan_digests(RankPlan(first.leaves, {"it": 2}))[0] != plan_digests(first)[0]
+    assert plan_digests(RankPlan((dist((0,), (3,), dtype="<f4"),), {"it": 1}))[0] != plan_digests(first)[0]
+    packed = RankPlan((pack_plan([("v", "<i4", (2,), None)], 8, "aa", None, None),), {})
+    alone = RankPlan((LeafPlan("v", "local", "<i4", (2,), (), None, "bb"),), {})
+    assert plan_digests(packed)[0] == plan_digests(alone)[0]  # packed on one rank, alone on another: one tree
+    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
+    changed = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "bb", chunk_checksums=("bb",))
+    assert plan_digests(RankPlan((rep,), {}))[0] != plan_digests(RankPlan((changed,), {}))[0]  # copies must agree
+    assert plan_digests(RankPlan((rep,), {}))[1] == plan_digests(RankPlan((changed,), {}))[1]
+
+
+def test_an_agreed_layout_keeps_no_checksum_and_each_save_fills_its_own():
+    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
+    rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("aa",))
+    plans = [RankPlan((dist((0,), (3,)), rep), {}), RankPlan((dist((3,), (1,)), rest), {})]
+    records, _ = merge_plans(plans)
+    kept = [AgreedLayout.of(plans, rank, records) for rank in (0, 1)]
+    assert kept[0].fingerprint == kept[1].fingerprint and kept[0].own != kept[1].own
+    assert {block.checksum for record in kept[0].records for block in record.blocks} == {LATER}
+    filled = fill_checksums(kept[0].records, [{"u": "x0"}, {"u": "x1"}], {"w": ("y0",)})
+    assert [[block.checksum for block in record.blocks] for record in filled] == [["x0", "x1"], ["y0"]]

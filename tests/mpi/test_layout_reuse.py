@@ -1,0 +1,82 @@
+"""A later save of an unchanged layout agrees on digests instead of gathering plans.
+
+Each test checks which saves gathered the plans (``last_save.plans_gathered``) and that
+the step restores bit for bit, which verifies every block's checksum as filled in by
+the save that reused the layout.
+"""
+
+import numpy as np
+import pytest
+
+import hpckpt
+from hpckpt.catalog import CheckpointReader
+
+from .test_conformance import assert_same, make_state
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+def test_an_unchanged_layout_is_reused_and_its_steps_restore(world, mpi_tmp_path, backend):
+    run_dir = mpi_tmp_path / "reuse"
+    gathered = []
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=3, **backend) as checkpointer:
+        for seed in (1, 2, 3):  # new data and plain values each time, the same tree, shapes and boxes
+            checkpointer.save(seed, make_state(world, seed))
+            gathered.append(checkpointer.last_save.plans_gathered)
+        compressed = "compression" in backend.get("backend_options", {})  # stored sizes, and so offsets, change
+        assert gathered == [True, compressed, compressed]
+        for seed in (2, 3):
+            restored = make_state(world, 0)
+            assert checkpointer.restore(restored, step=seed) == seed
+            assert_same(make_state(world, seed), restored)
+    if world.rank == 0:
+        reader = CheckpointReader(run_dir)
+        assert reader.verify(3) == [] and reader.manifest(3).values == reader.manifest(2).values | {
+            "history/1": 3, "step_info/iteration": 30, "step_info/name": "run-3"
+        }  # fmt: skip
+
+
+def field(world, rows_of_rank):
+    """A distributed row block per rank, ``rows_of_rank[r]`` rows each."""
+    start = sum(rows_of_rank[: world.rank])
+    local = np.arange(rows_of_rank[world.rank] * 3, dtype=np.float64).reshape(-1, 3) + start
+    return {"u": hpckpt.Distributed(local, global_shape=(sum(rows_of_rank), 3), offset=(start, 0)), "it": 1}
+
+
+def test_a_changed_box_on_one_rank_gathers_the_plans_again(world, mpi_tmp_path):
+    even = [4] * world.size
+    moved = [5, 3] + [4] * (world.size - 2)  # ranks 0 and 1 move their border; the others plan alike
+    with hpckpt.Checkpointer(mpi_tmp_path / "moved", comm=world, backend="posix") as checkpointer:
+        report = []
+        for step, rows in enumerate((even, even, moved, moved), start=1):
+            checkpointer.save(step, field(world, rows))
+            report.append(checkpointer.last_save.plans_gathered)
+        assert report == [True, False, True, False]
+        restored = field(world, moved)
+        restored["u"].array[...] = -1
+        assert checkpointer.restore(restored) == 4
+        assert restored["u"].array.tobytes() == field(world, moved)["u"].array.tobytes()
+
+
+def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_path):
+    last = world.size - 1
+    with hpckpt.Checkpointer(mpi_tmp_path / "errors", comm=world, backend="posix") as checkpointer:
+        checkpointer.save(1, field(world, [4] * world.size))
+        checkpointer.save(2, field(world, [4] * world.size))
+        assert not checkpointer.last_save.plans_gathered
+        state = field(world, [4] * world.size)
+        if world.rank == last:
+            state["it"] = 2
+        with pytest.raises(hpckpt.InvalidStateError, match=rf"plain value 'it' is 1 on rank 0 but 2 on rank {last}"):
+            checkpointer.save(3, state)
+        state = field(world, [4] * world.size)
+        if world.rank == last:  # its box now starts one row early, into rank last - 1's
+            state["u"] = hpckpt.Distributed(state["u"].array, global_shape=state["u"].global_shape,
+                                            offset=(state["u"].offset[0] - 1, 0))  # fmt: skip
+        with pytest.raises(hpckpt.InvalidStateError, match=rf"leaf 'u': the boxes of ranks {last - 1} and {last} overlap"):
+            checkpointer.save(3, state)
+        with pytest.raises(hpckpt.InvalidStateError, match=r"different steps on different ranks \(rank 0: 3, rank 1: 4"):
+            checkpointer.save(3 + min(world.rank, 1), field(world, [4] * world.size))
+        assert checkpointer.steps() == [1, 2]
+        checkpointer.save(3, field(world, [4] * world.size))
+        assert not checkpointer.last_save.plans_gathered  # the refused saves left the layout as it was
