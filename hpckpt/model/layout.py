@@ -130,15 +130,18 @@ class AgreedLayout:
     """The laid-out records of a save, kept for later saves of the same layout.
 
     ``fingerprint`` is alike on every rank (a digest of every rank's layout digest, in
-    rank order); ``own`` is this rank's layout digest, ``size`` the ranks that saved.
-    The blocks' checksums are all :data:`LATER`: each save fills in its own
-    (:func:`fill_checksums`).
+    rank order); ``digest`` is this rank's layout digest, ``size`` the ranks that saved,
+    ``nbytes`` the bytes of every block, ``own`` this rank's blocks with their records
+    (so that a later save never walks every rank's blocks). The blocks' checksums are
+    all :data:`LATER`: each save fills in its own (:func:`fill_checksums`).
     """
 
     fingerprint: int
-    own: int
+    digest: int
     size: int
     records: tuple[LeafRecord, ...]
+    nbytes: int
+    own: tuple[tuple[LeafRecord, Block], ...]
 
     @classmethod
     def of(cls, plans: Sequence[RankPlan], rank: int, records: Sequence[LeafRecord]) -> AgreedLayout:
@@ -146,7 +149,9 @@ class AgreedLayout:
         layouts = [plan_digests(plan)[1] for plan in plans]
         later = tuple(replace(record, blocks=tuple(replace(block, checksum=LATER) for block in record.blocks))
                       for record in records)  # fmt: skip
-        return cls(_digest(repr(layouts)), layouts[rank], len(plans), later)
+        own = tuple((record, block) for record in later for block in record.blocks if block.rank == rank)
+        nbytes = sum(record.nbytes for record in later)
+        return cls(_digest(repr(layouts)), layouts[rank], len(plans), later, nbytes, own)
 
 
 def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:

@@ -331,6 +331,8 @@ def save_coordinated(
     delta: Delta | None = None
     if agreed is not None:
         merged = records = agreed.records
+        needed = agreed.nbytes
+        own_blocks = [BlockData(record, block, staged[record.path]) for record, block in agreed.own]
     else:
         plans = comm.allgather(rank_plan)
         merged, values = merge_plans(plans, complete=complete)
@@ -342,12 +344,12 @@ def save_coordinated(
         records = backend.layout(to_write(merged, delta))
         if layouts is not None and not delta_planned:
             layouts.last = AgreedLayout.of(plans, rank, records)
+        needed = sum(record.nbytes for record in records)
+        own_blocks = blocks_of_rank(records, staged, rank)
     annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
 
-    needed = sum(record.nbytes for record in records)
     timed("prepare", lambda: run_dir.prepare(step, needed) if rank == 0 else None)
     temp = run_dir.temp_path(step)
-    own_blocks = blocks_of_rank(records, staged, rank)
     checksums = checksum_in_background(deferred)
 
     def write() -> list[str]:
@@ -435,7 +437,7 @@ def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMem
     agreement, layout = plan_digests(plan)
     last = memory.last if memory is not None else None
     fingerprint = last.fingerprint if last is not None else -1
-    unchanged = last is not None and last.own == layout and last.size == comm.size
+    unchanged = last is not None and last.digest == layout and last.size == comm.size
     ours = np.array([step, -step, agreement, -agreement, fingerprint, -fingerprint, 0 if unchanged else -1], dtype=np.int64)
     lowest = np.empty_like(ours)
     comm.Allreduce(ours, lowest, op=MPI.MIN)

@@ -108,7 +108,9 @@ def test_an_agreed_layout_keeps_no_checksum_and_each_save_fills_its_own():
     plans = [RankPlan((dist((0,), (3,)), rep), {}), RankPlan((dist((3,), (1,)), rest), {})]
     records, _ = merge_plans(plans)
     kept = [AgreedLayout.of(plans, rank, records) for rank in (0, 1)]
-    assert kept[0].fingerprint == kept[1].fingerprint and kept[0].own != kept[1].own
+    assert kept[0].fingerprint == kept[1].fingerprint and kept[0].digest != kept[1].digest
+    assert [(record.path, block.rank) for record, block in kept[1].own] == [("u", 1)]  # rank 1 writes no chunk of w
+    assert kept[0].nbytes == kept[1].nbytes == 4 * 8 + 4 * 4
     assert {block.checksum for record in kept[0].records for block in record.blocks} == {LATER}
     filled = fill_checksums(kept[0].records, [{"u": "x0"}, {"u": "x1"}], {"w": ("y0",)})
     assert [[block.checksum for block in record.blocks] for record in filled] == [["x0", "x1"], ["y0"]]
