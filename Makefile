@@ -21,8 +21,10 @@ lint:
 	$(PY) -m ruff check hpckpt tests perf tools
 	$(PY) -m mypy
 
+# The unit tests, then the scaling benchmark's quick mode (fails on super-linear growth, perf/bench_scale.py).
 test-unit:
 	$(PY) -m pytest tests/unit tests/gpu -q -rs
+	$(PY) perf/bench_scale.py --quick --mpiexec $(MPIEXEC)
 
 test-fault:
 	$(PY) -m pytest tests/fault -q
@@ -55,9 +57,11 @@ test-mpi:
 demo: install
 	PY=$(PY) NP=$(NP) bash jobs/demo.sh
 
-# The benchmark suite: 2 ranks, every case side by side; perf/results/suite.json and PNGs.
+# The benchmark suite: 2 ranks, every case side by side; perf/results/suite.json and PNGs;
+# then how planning grows from 1k to 100k ranks (perf/results/scale.json and scale.png).
 bench: install
 	$(PY) perf/suite.py --ranks 2 --out perf/results --dir .bench-suite
+	$(PY) perf/bench_scale.py --out perf/results --mpiexec $(MPIEXEC)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

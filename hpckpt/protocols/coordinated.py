@@ -343,7 +343,7 @@ def save_coordinated(
                 delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM)
         records = backend.layout(to_write(merged, delta))
         if layouts is not None and not delta_planned:
-            layouts.last = AgreedLayout.of(plans, rank, records)
+            layouts.last = AgreedLayout.of(step, rank_plan, rank, comm.size, records)
         needed = sum(record.nbytes for record in records)
         own_blocks = blocks_of_rank(records, staged, rank)
     annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
@@ -424,8 +424,8 @@ def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMem
     integers, after the plan phase.
 
     Every rank must save the same ``step`` and give the same agreement digest
-    (:func:`~hpckpt.model.layout.plan_digests`), remember the same layout (its
-    fingerprint) and give its own layout digest of it again.
+    (:func:`~hpckpt.model.layout.plan_digests`), remember the layout of the same save
+    and give its own layout digest of it again.
 
     Raises
     ------
@@ -436,9 +436,9 @@ def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMem
 
     agreement, layout = plan_digests(plan)
     last = memory.last if memory is not None else None
-    fingerprint = last.fingerprint if last is not None else -1
+    kept = last.step if last is not None else -1
     unchanged = last is not None and last.digest == layout and last.size == comm.size
-    ours = np.array([step, -step, agreement, -agreement, fingerprint, -fingerprint, 0 if unchanged else -1], dtype=np.int64)
+    ours = np.array([step, -step, agreement, -agreement, kept, -kept, 0 if unchanged else -1], dtype=np.int64)
     lowest = np.empty_like(ours)
     comm.Allreduce(ours, lowest, op=MPI.MIN)
     if lowest[0] != -lowest[1]:

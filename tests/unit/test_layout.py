@@ -81,8 +81,8 @@ def test_pending_checksums_are_filled_from_each_ranks_report():
     records, _ = merge_plans(plans)
     (filled,) = fill_checksums(records, [{"u": "aa"}, {"u": "bb"}], {})
     assert [block.checksum for block in filled.blocks] == ["aa", "bb"]
-    done = merge_plans([RankPlan((dist((0,), (4,)),), {})])[0]
-    assert fill_checksums(done, [{}], {}) == done  # nothing pending: unchanged
+    (known,) = merge_plans([RankPlan((dist((0,), (4,)),), {})])[0]
+    assert fill_checksums((known,), [{"u": "c"}], {}) == (known,)  # a checksum known at planning is reported too
 
 
 def test_digests_split_what_ranks_share_from_where_each_rank_writes():
@@ -102,15 +102,15 @@ def test_digests_split_what_ranks_share_from_where_each_rank_writes():
     assert plan_digests(RankPlan((rep,), {}))[1] == plan_digests(RankPlan((changed,), {}))[1]
 
 
-def test_an_agreed_layout_keeps_no_checksum_and_each_save_fills_its_own():
+def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_checksum():
     rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
     rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("aa",))
-    plans = [RankPlan((dist((0,), (3,)), rep), {}), RankPlan((dist((3,), (1,)), rest), {})]
+    later = LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER)
+    plans = [RankPlan((dist((0,), (3,)), rep), {}), RankPlan((later, rest), {})]
     records, _ = merge_plans(plans)
-    kept = [AgreedLayout.of(plans, rank, records) for rank in (0, 1)]
-    assert kept[0].fingerprint == kept[1].fingerprint and kept[0].digest != kept[1].digest
+    kept = [AgreedLayout.of(7, plans[rank], rank, 2, records) for rank in (0, 1)]
+    assert kept[0].step == kept[1].step == 7 and kept[0].digest != kept[1].digest
     assert [(record.path, block.rank) for record, block in kept[1].own] == [("u", 1)]  # rank 1 writes no chunk of w
     assert kept[0].nbytes == kept[1].nbytes == 4 * 8 + 4 * 4
-    assert {block.checksum for record in kept[0].records for block in record.blocks} == {LATER}
     filled = fill_checksums(kept[0].records, [{"u": "x0"}, {"u": "x1"}], {"w": ("y0",)})
     assert [[block.checksum for block in record.blocks] for record in filled] == [["x0", "x1"], ["y0"]]

@@ -1,0 +1,347 @@
+"""How a save's planning and agreement, and a restore's planning, grow with the ranks.
+
+    .venv/bin/python perf/bench_scale.py                 # 1k .. 100k ranks (make bench)
+    .venv/bin/python perf/bench_scale.py --quick         # 1k and 4k ranks, checked (make test)
+
+No MPI: the real planning code runs in one process on the synthetic plans of every
+rank of a job (``--leaves`` per rank: half distributed row blocks of a 1-D split, half
+small replicated arrays, as a training or solver state has), and the collectives are
+modelled as the bytes and messages each rank receives (``MODEL`` below). Each rank
+count runs in a child process, so its peak memory is its own. What is timed:
+
+- ``first save``, on every rank: the plans' allgather (bytes: the pickled plans),
+  ``merge_plans``, every backend's ``layout``, and keeping the layout for later saves;
+- ``later save``, on every rank but 0: ``plan_digests`` of its own plan and the one
+  reduction of :func:`~hpckpt.protocols.coordinated.agree_on_layout`;
+- ``rank 0``, every save: the sync reports it gathers, ``fill_checksums`` and the
+  manifest's JSON;
+- ``restore``, on every rank: parsing the broadcast manifest;
+- ``boxes``: ``check_tiling`` of one leaf over 1-D, 2-D and 3-D grids and a 3-D
+  recursive bisection of that many ranks.
+
+It prints a table per part with the growth exponent between rank counts (1: linear,
+2: quadratic) and writes ``OUT/scale.json`` and ``OUT/scale.png``. ``--quick`` fails
+(exit 1) if the box checks grow faster than ranks^1.5 or a later save's planning on a
+rank grows with the ranks at all (exponent above 0.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpckpt.model.boxes import check_tiling
+from hpckpt.model.layout import AgreedLayout, LeafPlan, RankPlan, fill_checksums, merge_plans, plan_digests
+from hpckpt.model.manifest import Manifest
+from hpckpt.storage.bp5 import ADIOS2Backend
+from hpckpt.storage.hdf5 import HDF5Backend
+from hpckpt.storage.posix import PosixBackend
+
+ROWS = 8  # rows of each distributed leaf per rank
+MODEL = """\
+collectives, per rank (P ranks, tree or recursive-doubling algorithms):
+  every phase      allreduce of 1 integer: 2 log2(P) messages of 8 B; the watchdog's arrival
+                   notices: each rank sends rank 0 one byte, rank 0 receives P - 1 of them
+  first save       allgather of the plans: log2(P) messages, all P plans received
+  later save       allreduce of 7 integers: 2 log2(P) messages of 56 B
+  sync             gather to rank 0: rank 0 receives P reports, the others send one
+  retain, base     broadcast from rank 0: log2(P) messages
+  restore          broadcast of the manifest text: log2(P) messages, the whole text received"""
+
+
+def synthetic_plans(ranks: int, leaves: int) -> list[RankPlan]:
+    """Every rank's plan: ``leaves // 2`` distributed row blocks and as many replicated arrays."""
+    rng = np.random.default_rng(ranks)
+    plans = []
+    for rank in range(ranks):
+        own = []
+        for leaf in range(leaves // 2):
+            checksum = f"{int(rng.integers(1 << 62)):016x}"
+            own.append(LeafPlan(f"field/{leaf}", "distributed", "<f8", (ROWS, 16), (rank * ROWS, 0), (ranks * ROWS, 16),
+                                checksum))  # fmt: skip
+        for leaf in range(leaves - leaves // 2):
+            shared = f"{leaf:016x}"
+            chunk = ((0,), (16,)) if rank == 0 else None
+            own.append(LeafPlan(f"weights/{leaf}", "replicated", "<f4", (16,), chunk[0] if chunk else (), None,
+                                shared if chunk else "", chunk_checksums=(shared,)))  # fmt: skip
+        plans.append(RankPlan(tuple(own), {"iteration": 10, "name": "run"}))
+    return plans
+
+
+def seconds(action: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
+
+
+def grid_boxes(ranks: int, ndim: int) -> tuple[tuple[int, ...], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """A tensor-product decomposition of about ``ranks`` cells in ``ndim`` dimensions."""
+    side = round(ranks ** (1 / ndim))
+    parts = [side] * (ndim - 1) + [max(1, ranks // side ** (ndim - 1))]
+    cells = itertools.product(*(range(count) for count in parts))
+    boxes = {rank: (tuple(4 * i for i in cell), (4,) * ndim) for rank, cell in enumerate(cells)}
+    return tuple(4 * count for count in parts), boxes
+
+
+def bisection_boxes(ranks: int) -> tuple[tuple[int, ...], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
+    """A 3-D orthogonal recursive bisection into ``ranks`` boxes (uneven cuts, axes in turn)."""
+    rng = np.random.default_rng(0)
+    shape = (1 << 20,) * 3
+    boxes = [((0, 0, 0), shape)]
+    level = 0
+    while len(boxes) < ranks:
+        axis, halves, splits = level % 3, [], ranks - len(boxes)  # the last level splits only as many as needed
+        for number, (offset, extent) in enumerate(boxes):
+            if number >= splits:
+                halves.append((offset, extent))
+                continue
+            cut = int(extent[axis] * rng.uniform(0.3, 0.7))
+            low = tuple(cut if a == axis else n for a, n in enumerate(extent))
+            high = tuple(n - cut if a == axis else n for a, n in enumerate(extent))
+            halves += [(offset, low), (tuple(o + cut if a == axis else o for a, o in enumerate(offset)), high)]
+        boxes, level = halves, level + 1
+    return shape, dict(enumerate(boxes))
+
+
+def measure(ranks: int, leaves: int) -> dict[str, Any]:
+    """Every part at ``ranks`` ranks (run in a child process: its peak memory is this one's)."""
+    plans = synthetic_plans(ranks, leaves)
+    found: dict[str, Any] = {"ranks": ranks, "leaves": leaves}
+    found["first_bytes"] = len(pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL))
+    found["merge_s"], (records, values) = seconds(lambda: merge_plans(plans))
+    for backend in (PosixBackend(), HDF5Backend(), ADIOS2Backend()):
+        found[f"layout_{backend.name}_s"], placed = seconds(lambda backend=backend: backend.layout(records))
+    placed = PosixBackend().layout(records)
+    found["keep_s"], kept = seconds(lambda: AgreedLayout.of(1, plans[1], 1, ranks, placed))
+    found["later_s"] = min(seconds(lambda: plan_digests(plans[1]))[0] for _ in range(5))
+    found["later_bytes"] = 7 * 8
+    reports = [
+        ({f"data-{rank:05d}.bin": 1 << 20}, {leaf.path: leaf.checksum for leaf in plan.leaves if leaf.kind == "distributed"})
+        for rank, plan in enumerate(plans)
+    ]
+    found["sync_bytes"] = len(pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL))
+    chunks = {leaf.path: leaf.chunk_checksums for leaf in plans[0].leaves if leaf.kind == "replicated"}
+
+    def manifest_text() -> str:
+        filled = fill_checksums(kept.records, [sums for _, sums in reports], chunks)
+        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", filled, values, 0.0, 0.0).to_json()
+
+    found["manifest_s"], text = seconds(manifest_text)
+    found["manifest_bytes"] = len(text)
+    found["restore_s"] = seconds(lambda: Manifest.from_json(text, "bench").tree_leaves)[0]
+    for name, (shape, boxes) in {"1d": grid_boxes(ranks, 1), "2d": grid_boxes(ranks, 2), "3d": grid_boxes(ranks, 3),
+                                 "bisection": bisection_boxes(ranks)}.items():  # fmt: skip
+        found[f"boxes_{name}_s"] = min(seconds(lambda: check_tiling("u", shape, boxes))[0] for _ in range(3))
+    found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return found
+
+
+class CountingComm:
+    """A communicator that counts, per rank, the collective calls made on it (and on its
+    duplicates) and the bytes each returned to this rank: pickled results of the
+    lower-case calls, receive buffers of the upper-case ones. Point-to-point traffic
+    (the watchdog's arrival notices) is not counted; the model states it."""
+
+    COUNTED = ("allgather", "gather", "bcast", "allreduce", "Allreduce", "Bcast")
+
+    def __init__(self, comm: Any, tally: list[tuple[str, int]]) -> None:
+        self._comm, self._tally = comm, tally
+
+    def Dup(self) -> CountingComm:  # noqa: N802 - mpi4py's name
+        return CountingComm(self._comm.Dup(), self._tally)
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._comm, name)
+        if name not in self.COUNTED:
+            return found
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            result = found(*args, **kwargs)
+            if name[0].isupper():
+                received = np.asarray(args[1] if name == "Allreduce" else args[0]).nbytes
+            else:
+                received = 0 if result is None else len(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+            self._tally.append((name, received))
+            return result
+
+        return counted
+
+
+def count_collectives(out: Path) -> None:
+    """Three posix saves of one layout under ``mpiexec``: every rank's collective calls and
+    bytes received per save, gathered to rank 0 into ``out`` (JSON)."""
+    import shutil
+
+    from mpi4py import MPI
+
+    import hpckpt
+
+    world = MPI.COMM_WORLD
+    tally: list[tuple[str, int]] = []
+    directory = out.parent / f"{out.stem}-run"
+    if world.rank == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+    world.Barrier()
+    saves = []
+    with hpckpt.Checkpointer(directory, comm=CountingComm(world, tally), backend="posix", keep=1) as checkpointer:
+        for step in (1, 2, 3):
+            rows, whole, offset = np.full((ROWS, 16), float(step)), (world.size * ROWS, 16), (world.rank * ROWS, 0)
+            state = {
+                "field": {str(leaf): hpckpt.Distributed(rows, global_shape=whole, offset=offset) for leaf in range(10)},
+                "weights": {str(leaf): hpckpt.Replicated(np.full(16, float(leaf), dtype=np.float32)) for leaf in range(10)},
+                "iteration": step,
+            }
+            del tally[:]
+            checkpointer.save(step, state)
+            saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally),
+                          "gathered": checkpointer.last_save.plans_gathered})  # fmt: skip
+    every = world.gather(saves, root=0)
+    if world.rank == 0:
+        out.write_text(json.dumps(every))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def check_model(sizes: list[int], mpiexec: str, scratch: Path) -> list[str]:
+    """Run :func:`count_collectives` at each of ``sizes`` ranks; print what each rank
+    received per save; the model's claims that do not hold."""
+    failed = []
+    print("real MPI, 20 leaves per rank, posix: collective calls and bytes received per rank and save")
+    print(f"{'ranks':>6s}  {'save':>4s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  {'others, most (B)':>16s}")
+    later_most = {}
+    for size in sizes:
+        out = scratch / f"scale-count-{size}.json"
+        command = [mpiexec, "-n", str(size), sys.executable, __file__, "--count-into", str(out)]
+        subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+        per_rank = json.loads(out.read_text())
+        out.unlink()
+        for number in range(3):
+            saves = [ranks_saves[number] for ranks_saves in per_rank]
+            most = max(save["received"] for save in saves[1:])
+            plans = "gathered" if saves[0]["gathered"] else "reused"
+            print(f"{size:6d}  {number + 1:4d}  {plans:>8s}  {saves[1]['calls']:5d}  {saves[0]['received']:10d}  {most:16d}")
+            if any(save["gathered"] != (number == 0) for save in saves):
+                failed.append(f"{size} ranks, save {number + 1}: plans {'not ' if number == 0 else ''}gathered")
+        later_most[size] = max(ranks_saves[2]["received"] for ranks_saves in per_rank[1:])
+    if len(set(later_most.values())) > 1:
+        failed.append(f"a later save's bytes received by a rank other than 0 depend on the ranks: {later_most}")
+    return failed
+
+
+def exponents(points: list[dict[str, Any]], key: str) -> list[float]:
+    """The growth exponent of ``key`` between consecutive rank counts."""
+    return [math.log(b[key] / a[key]) / math.log(b["ranks"] / a["ranks"]) if a[key] > 0 and b[key] > 0 else float("nan")
+            for a, b in itertools.pairwise(points)]  # fmt: skip
+
+
+PARTS = [  # (key, heading, unit)
+    ("first_bytes", "first save: plans each rank receives", "MB"),
+    ("merge_s", "first save: merge_plans on every rank", "s"),
+    ("layout_posix_s", "first save: posix layout", "s"),
+    ("layout_hdf5_s", "first save: hdf5 layout", "s"),
+    ("layout_adios2_s", "first save: adios2 layout", "s"),
+    ("keep_s", "first save: keep the layout", "s"),
+    ("later_s", "later save: planning on a rank (digests)", "s"),
+    ("later_bytes", "later save: bytes a rank receives", "MB"),
+    ("sync_bytes", "rank 0: sync reports received", "MB"),
+    ("manifest_s", "rank 0: checksums and manifest JSON", "s"),
+    ("manifest_bytes", "rank 0: manifest written", "MB"),
+    ("restore_s", "restore: parse the manifest on every rank", "s"),
+    ("boxes_1d_s", "boxes: 1-D slabs", "s"),
+    ("boxes_2d_s", "boxes: 2-D grid", "s"),
+    ("boxes_3d_s", "boxes: 3-D grid", "s"),
+    ("boxes_bisection_s", "boxes: 3-D recursive bisection", "s"),
+    ("peak_mib", "peak memory of the process", "MiB"),
+]
+
+
+def print_table(points: list[dict[str, Any]]) -> None:
+    print(f"{'':46s}" + "".join(f"{point['ranks']:>11,d}" for point in points) + "   exponent")
+    for key, heading, unit in PARTS:
+        scale = 1e-6 if unit == "MB" else 1.0
+        cells = "".join(f"{point[key] * scale:11.4g}" for point in points)
+        growth = " ".join(f"{e:.2f}" for e in exponents(points, key))
+        print(f"{heading + ' (' + unit + ')':46s}{cells}   {growth}")
+
+
+def plot(points: list[dict[str, Any]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (times, sizes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ranks = [point["ranks"] for point in points]
+    for key, heading, unit in PARTS:
+        if unit == "s":
+            times.loglog(ranks, [max(point[key], 1e-6) for point in points], marker="o", label=heading)
+        elif unit == "MB":
+            sizes.loglog(ranks, [max(point[key], 1) / 1e6 for point in points], marker="o", label=heading)
+    times.set(xlabel="ranks", ylabel="seconds", title=f"time per rank ({points[0]['leaves']} leaves per rank)")
+    sizes.set(xlabel="ranks", ylabel="MB", title="bytes received or written")
+    sizes.axhline(10, color="grey", linestyle=":", label="10 MB")
+    for axes in (times, sizes):
+        axes.legend(fontsize=6)
+        axes.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    path = out / "scale.png"
+    figure.savefig(path, dpi=110)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000, 64000, 100000])
+    parser.add_argument("--leaves", type=int, default=20, help="leaves per rank (default 20)")
+    parser.add_argument("--quick", action="store_true", help="1k and 4k ranks; fail on super-linear growth")
+    parser.add_argument("--out", default="perf/results", help="where scale.json and scale.png go (not with --quick)")
+    parser.add_argument("--mpi", type=int, nargs="*", default=None, help="rank counts of the real MPI check "
+                        "(default 2 4 8 16; with --quick 2 4)")  # fmt: skip
+    parser.add_argument("--mpiexec", default="mpiexec")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: measure this rank count
+    parser.add_argument("--count-into", type=Path, help=argparse.SUPPRESS)  # an MPI child: count_collectives
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(measure(args.one, args.leaves)))
+        return 0
+    if args.count_into:
+        count_collectives(args.count_into)
+        return 0
+    ranks = [1000, 4000] if args.quick else args.ranks
+    print(MODEL)
+    points = []
+    for count in ranks:
+        print(f"bench_scale: {count:,d} ranks x {args.leaves} leaves ...", flush=True)
+        child = [sys.executable, __file__, "--one", str(count), "--leaves", str(args.leaves)]
+        points.append(json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout))
+    print_table(points)
+    worst = {key: max(exponents(points, key)) for key in ("boxes_1d_s", "boxes_2d_s", "boxes_3d_s", "boxes_bisection_s")}
+    later = max(exponents(points, "later_s"))
+    failed = [f"{key} grows as ranks^{value:.2f}" for key, value in worst.items() if value > 1.5]
+    failed += [f"a later save's planning grows as ranks^{later:.2f}"] if later > 0.5 else []
+    with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=".") as scratch:
+        failed += check_model(args.mpi if args.mpi else [2, 4] if args.quick else [2, 4, 8, 16], args.mpiexec, Path(scratch))
+    for failure in failed:
+        print(f"bench_scale: FAILED: {failure}", file=sys.stderr)
+    if not args.quick:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scale.json").write_text(json.dumps({"model": MODEL, "points": points, "failed": failed}, indent=1) + "\n")
+        print(f"bench_scale: wrote {out / 'scale.json'} and {plot(points, out)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
