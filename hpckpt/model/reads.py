@@ -6,9 +6,10 @@ cannot be read straight into place.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -49,19 +50,74 @@ def overlaps(record: LeafRecord, box: Box) -> list[Overlap]:
     return found
 
 
-def local_source(manifest: Manifest, size: int, rank: int, local_from: LocalSource | None) -> int | None:
-    """The writer rank whose Local blocks ``rank`` (of ``size``) restores, or None if none.
+def local_source(writers: int, size: int, rank: int, local_from: LocalSource | None) -> int | None:
+    """The writer rank whose Local blocks ``rank`` (of ``size``) restores, or None if none,
+    from a step written by ``writers`` ranks.
 
-    Raises ValueError when ``local_from(rank)`` is not a writer rank of ``manifest``.
+    Raises ValueError when ``local_from(rank)`` is not a writer rank.
     """
     if local_from is None:
-        return rank if manifest.world_size == size else None
+        return rank if writers == size else None
     source = local_from(rank)
-    if isinstance(source, bool) or not isinstance(source, (int, np.integer)) or not 0 <= source < manifest.world_size:
-        raise ValueError(
-            f"local_from({rank}) returned {source!r}; expected a writer rank in [0, {manifest.world_size})"
-        )
+    if isinstance(source, bool) or not isinstance(source, (int, np.integer)) or not 0 <= source < writers:
+        raise ValueError(f"local_from({rank}) returned {source!r}; expected a writer rank in [0, {writers})")
     return int(source)
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """What one rank restores: the writer rank whose Local blocks it takes (None: it takes
+    none), and its box of each distributed leaf, by path."""
+
+    source: int | None
+    boxes: dict[str, Box]
+
+
+def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -> Manifest:
+    """``manifest`` with only the blocks a rank that makes ``request`` reads or checks:
+    of each distributed leaf, those its box overlaps (in manifest order); of each local
+    leaf and the pack, the block of its source rank (rank 0's when it has none: its
+    pack lists the packed leaves, which the rank compares its tree with); of each
+    replicated leaf, every chunk (each rank reads some and receives the others). Pure."""
+    keep = request.source if request.source is not None else 0
+    leaves = []
+    for record in manifest.leaves:
+        if record.kind == "local":
+            blocks = tuple(block for block in record.blocks if block.rank == keep)
+        elif record.kind == "distributed":
+            box = request.boxes.get(record.path)
+            blocks = () if box is None else index.overlapping(record, box)
+        else:
+            blocks = record.blocks
+        leaves.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, record.location,
+                                 record.encoding))  # fmt: skip
+    return replace(manifest, leaves=tuple(leaves))
+
+
+class BlockIndex:
+    """The blocks of a manifest's distributed leaves sorted along their first axis, so
+    that finding the few a box overlaps takes a binary search, not a pass over every rank's."""
+
+    def __init__(self) -> None:
+        self._sorted: dict[str, tuple[list[int], list[int], int]] = {}
+
+    def overlapping(self, record: LeafRecord, box: Box) -> tuple[Block, ...]:
+        """The blocks of ``record`` that share elements with ``box``, in manifest order."""
+        if math.prod(box[1]) == 0 or not record.blocks:
+            return ()
+        if not box[0]:  # a 0-d array: its one block
+            return record.blocks
+        if record.path not in self._sorted:
+            order = sorted(range(len(record.blocks)), key=lambda number: record.blocks[number].offset[0])
+            starts = [record.blocks[number].offset[0] for number in order]
+            longest = max((block.shape[0] for block in record.blocks), default=0)
+            self._sorted[record.path] = (order, starts, longest)
+        order, starts, longest = self._sorted[record.path]
+        first = bisect.bisect_left(starts, box[0][0] - longest + 1)
+        last = bisect.bisect_left(starts, box[0][0] + box[1][0])
+        blocks = record.blocks
+        found = sorted(number for number in order[first:last] if intersection((blocks[number].offset, blocks[number].shape), box))
+        return tuple(blocks[number] for number in found)
 
 
 def is_member(block: Block) -> bool:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import merged_phase, run_phase, share_phase
+from .._comm import gather_phase, merged_phase, run_phase, share_phase
 from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
@@ -46,7 +46,17 @@ from ..errors import (
 )
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
-from ..model.reads import LocalSource, Overlap, is_member, local_source, member_bytes, overlaps
+from ..model.reads import (
+    BlockIndex,
+    LocalSource,
+    Overlap,
+    ReadRequest,
+    is_member,
+    local_source,
+    manifest_part,
+    member_bytes,
+    overlaps,
+)
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
@@ -165,16 +175,19 @@ def restore_newest(
     mismatch: StateMismatchError | None = None
     for step in reversed(steps):
         source = str(run_dir.manifest_path(step))
-        text = share_phase(comm, f"restore step {step}: manifest", lambda: _read_text(run_dir, step, comm.rank))
-        try:
-            if isinstance(text, BaseException):
-                raise text
-            assert text is not None  # rank 0's answer: a text or an error
-            manifest = Manifest.from_json(text, source)
-        except CorruptCheckpointError as exc:
-            problems.append(f"step {step}: {exc}")
-            _warn_fallback(step, [str(exc)], steps)
+        whole = run_phase(
+            comm, f"restore step {step}: manifest", lambda: _parsed(run_dir, step, source) if comm.rank == 0 else None
+        )
+        writers = comm.bcast(whole.world_size if isinstance(whole, Manifest) else whole, root=0)  # or why it is unreadable
+        if isinstance(writers, CorruptCheckpointError):
+            problems.append(f"step {step}: {writers}")
+            _warn_fallback(step, [str(writers)], steps)
             continue
+        requests = gather_phase(
+            comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice), root=0
+        )
+        parts = run_phase(comm, f"restore step {step}: parts", lambda: _parts(whole, requests) if comm.rank == 0 else None)
+        manifest = comm.scatter(parts, root=0)
         differences = merged_phase(
             comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, choice)
         )
@@ -187,7 +200,7 @@ def restore_newest(
         damaged = share_phase(
             comm, f"restore step {step}: files",
             lambda: damaged_files(run_dir, manifest) if comm.rank == 0 else [],
-        )
+        )  # (rank 0's part lists every file of the step)
         if damaged:
             problems.append(f"step {step}: {damaged[0]}")
             _warn_fallback(step, damaged, steps)
@@ -230,13 +243,27 @@ def _same_kind(fresh: np.ndarray, original: Any, path: str) -> Any:
     return STAGER.new_device_array(restored, original, path) if is_device_array(original) else restored
 
 
-def _read_text(run_dir: RunDirectory, step: int, rank: int) -> str | CorruptCheckpointError | None:
-    if rank != 0:
-        return None
+def _parsed(run_dir: RunDirectory, step: int, source: str) -> Manifest | CorruptCheckpointError:
+    """``step``'s manifest, or why it cannot be read (rank 0)."""
     try:
-        return run_dir.read_manifest(step)
+        return Manifest.from_json(run_dir.read_manifest(step), source)
     except (OSError, UnicodeDecodeError) as exc:
-        return CorruptCheckpointError(f"{run_dir.manifest_path(step)}: cannot read the manifest: {exc}")
+        return CorruptCheckpointError(f"{source}: cannot read the manifest: {exc}")
+    except CorruptCheckpointError as exc:
+        return exc
+
+
+def _request(slots: list[Slot], writers: int, size: int, rank: int, choice: RestoreChoice) -> ReadRequest:
+    """What this rank reads of a step written by ``writers`` ranks (its boxes, its Local source)."""
+    boxes = {slot.path: (slot.value.offset, slot.value.shape) for slot in slots if isinstance(slot.value, Distributed)}
+    return ReadRequest(local_source(writers, size, rank, choice.local_from), boxes)
+
+
+def _parts(manifest: Manifest | CorruptCheckpointError | None, requests: list[ReadRequest]) -> list[Manifest]:
+    """Each rank's part of ``manifest`` (rank 0, which read it): what it reads or checks."""
+    assert isinstance(manifest, Manifest)  # else every rank went on to an older step
+    index = BlockIndex()
+    return [manifest_part(manifest, request, index) for request in requests]
 
 
 def _warn_fallback(step: int, findings: list[str], steps: list[int], what: str = "is corrupt") -> None:
@@ -262,7 +289,7 @@ def _restored(step: int, manifest: Manifest, slots: list[Slot], rank: int) -> Re
 def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, choice: RestoreChoice) -> list[str]:
     """What differs between this rank's tree and ``manifest`` (empty when they match);
     not strict, leaves of only one of them are not differences."""
-    source = local_source(manifest, size, rank, choice.local_from)
+    source = local_source(manifest.world_size, size, rank, choice.local_from)
     stored = {record.path: record for record in manifest.tree_leaves}
     found: list[str] = []
     unmatched = 0  # leaves of only the state or only the step: differences when strict
@@ -369,7 +396,7 @@ def _plan_reads(
     chunks every rank receives from the one that reads it (chunk ``j`` is read by rank
     ``j % size``): each byte of a replicated array is read from storage once per job."""
     stored = {record.path: record for record in manifest.tree_leaves}
-    source = local_source(manifest, size, rank, local_from)
+    source = local_source(manifest.world_size, size, rank, local_from)
     pack_reads = _PackReads(manifest)
     pieces: list[_Piece] = []
     shares: list[_Share] = []

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hpckpt.model.manifest import Block, LeafRecord
-from hpckpt.model.reads import local_source, overlaps
+from hpckpt.model.reads import BlockIndex, ReadRequest, local_source, manifest_part, overlaps
 from tests.unit.test_manifest import make_manifest
 
 # A 4x3 leaf saved by two ranks, two rows each.
@@ -35,7 +35,33 @@ def test_an_empty_box_reads_nothing_and_a_larger_one_holds_whole_blocks():
 
 def test_local_source_follows_the_rank_count_or_local_from():
     manifest = make_manifest()  # written by 2 ranks
-    assert local_source(manifest, 2, 1, None) == 1 and local_source(manifest, 3, 1, None) is None
-    assert local_source(manifest, 4, 3, lambda rank: rank % 2) == 1
+    assert local_source(manifest.world_size, 2, 1, None) == 1 and local_source(manifest.world_size, 3, 1, None) is None
+    assert local_source(manifest.world_size, 4, 3, lambda rank: rank % 2) == 1
     with pytest.raises(ValueError, match=r"local_from\(3\) returned 5; expected a writer rank in \[0, 2\)"):
-        local_source(manifest, 4, 3, lambda rank: 5)
+        local_source(manifest.world_size, 4, 3, lambda rank: 5)
+
+
+def test_the_index_finds_what_a_pass_over_every_block_finds():
+    rng = np.random.default_rng(3)
+    cuts = [np.unique([0, *rng.integers(1, 40, 6), 40]) for _ in range(2)]  # an uneven 2-D grid
+    blocks = tuple(Block(rank, (int(r0), int(c0)), (int(r1 - r0), int(c1 - c0)), "x")
+                   for rank, ((r0, r1), (c0, c1)) in enumerate((rows, cols) for rows in zip(cuts[0], cuts[0][1:])
+                                                                for cols in zip(cuts[1], cuts[1][1:])))  # fmt: skip
+    record = LeafRecord("u", "distributed", "<f8", (40, 40), tuple(rng.permutation(blocks)))
+    index = BlockIndex()
+    for _ in range(200):
+        start = tuple(int(n) for n in rng.integers(0, 40, 2))
+        box = (start, tuple(int(rng.integers(0, 41 - s)) for s in start))
+        assert index.overlapping(record, box) == tuple(overlap.block for overlap in overlaps(record, box))
+
+
+def test_a_ranks_part_of_the_manifest_holds_what_it_reads():
+    manifest = make_manifest()  # "field": rows 0-1 by rank 0, rows 2-3 by rank 1; "rng": local on both
+    part = manifest_part(manifest, ReadRequest(1, {"field": ((1, 0), (2, 3))}), BlockIndex())
+    field, rng = part.leaves
+    assert [block.rank for block in field.blocks] == [0, 1] and [block.rank for block in rng.blocks] == [1]
+    part = manifest_part(manifest, ReadRequest(0, {"field": ((0, 0), (2, 3))}), BlockIndex())
+    assert [block.rank for block in part.leaves[0].blocks] == [0] and part.values == manifest.values
+    assert part.files == manifest.files and part.world_size == manifest.world_size
+    unsourced = manifest_part(manifest, ReadRequest(None, {}), BlockIndex())  # another rank count, no local_from
+    assert unsourced.leaves[0].blocks == () and [block.rank for block in unsourced.leaves[1].blocks] == [0]
