@@ -119,10 +119,10 @@ class HDF5Backend(Backend):
     ) -> list[str]:
         """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
-        Collective over ``comm`` (one broadcast): every rank passes the same ``records``.
+        Collective over ``comm`` (one scatter): every rank passes the same ``records``.
         Rank 0 creates the file and every dataset with serial HDF5, contiguous and
         allocated at once (or reuses a recycled file of the same layout), and sends each
-        dataset's file offset; each rank then writes the C-order runs of its blocks at
+        rank the file offsets of the datasets it writes; each rank then writes the C-order runs of its blocks at
         those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
         no GIL in the data path, so a save in a background thread cannot deadlock with
         the application's MPI calls.
@@ -140,7 +140,10 @@ class HDF5Backend(Backend):
         # busy-polls there, which took a core from the application's compute while a
         # non-blocking save waited for the layout.
         await_everyone(comm, f"hdf5 layout of {path}")
-        offsets, failure = comm.bcast((offsets, failure), root=0)
+        shares = None
+        if comm.rank == 0:
+            shares = [(share, failure) for share in _offsets_by_rank(records, offsets, comm.size)]
+        offsets, failure = comm.scatter(shares, root=0)
         if error is not None:
             raise error
         if failure is not None:
@@ -359,6 +362,22 @@ def _set_value_attributes(h5: Any, values: Mapping[str, Any]) -> None:
         if path.startswith("hpckpt") or value is None or (isinstance(value, int) and not -(2**63) <= value < 2**63):
             continue
         h5.attrs[path] = value
+
+
+def _offsets_by_rank(
+    records: Sequence[LeafRecord], offsets: dict[str, int | None] | None, size: int
+) -> list[dict[str, int | None] | None]:
+    """For each rank of ``size``, the file offsets of the datasets it writes a block into
+    (all of them when one process writes every block; None when there is no layout)."""
+    if offsets is None or size == 1:
+        return [offsets] * size
+    shares: list[dict[str, int | None]] = [{} for _ in range(size)]
+    for record in records:
+        for block in record.blocks:
+            if block.size:
+                name = _dataset_name(record, block)
+                shares[block.rank][name] = offsets[name]
+    return list(shares)
 
 
 def _dataset_name(record: LeafRecord, block: Block) -> str:

@@ -98,6 +98,7 @@ class PosixBackend(Backend):
         self.compression = codec.check_codec(compression)
         self.lossy = codec.check_lossy(lossy)
         self.direct_io = bool(direct_io)
+        self._files: tuple[Sequence[LeafRecord], int, dict[str, int]] | None = None  # records, ranks, file ends
 
     def encode(self, path: str, array: np.ndarray) -> Encoded:
         """How ``array`` (a block of leaf ``path``) is stored. Not collective."""
@@ -165,21 +166,21 @@ class PosixBackend(Backend):
         no messages are exchanged. Each rank creates its own file even when its
         segment is empty, so every listed file exists.
         """
-        names = sorted({block.location["file"] for record in records for block in record.blocks})
-        world = _world_size(records)
+        if self._files is None or self._files[0] is not records:  # a reused layout is walked once
+            self._files = (records, _world_size(records), _file_ends(records))
+        _, world, ends = self._files
         mine = {self.file_of(rank) for rank in range(world) if comm.size == 1 or rank == comm.rank}
         by_file: dict[str, list[BlockData]] = {name: [] for name in mine}
         for data in blocks:
             if data.block.size:  # empty blocks (and placeholders, which have no location) hold no bytes
                 by_file.setdefault(data.block.location["file"], []).append(data)
-        ends = _file_ends(records)
         for name, contents in by_file.items():
             path = directory / name
             pieces = [(data.block.location["offset"], data.array.reshape(-1).view(np.uint8).data) for data in contents]
             direct.write_pieces(path, pieces, self.direct_io)
             if path.stat().st_size > ends.get(name, 0):  # a recycled file, longer than needed
                 os.truncate(path, ends.get(name, 0))
-        return names
+        return sorted(ends)
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """The file of ``rank``'s segment (every file when one process wrote them all)."""
