@@ -310,11 +310,14 @@ def plot(points: list[dict[str, Any]], out: Path) -> Path:
 
     figure, (times, sizes) = plt.subplots(1, 2, figsize=(12, 4.5))
     ranks = [point["ranks"] for point in points]
+    styles = {"first": "-", "later": "--", "rank": ":", "restore": "-.", "boxes": (0, (1, 3))}  # one per group
     for key, heading, unit in PARTS:
+        style = {"linestyle": styles.get(heading.split()[0].rstrip(":"), "-"), "marker": "o"}
         if unit == "s":
-            times.loglog(ranks, [max(point[key], 1e-6) for point in points], marker="o", label=heading)
+            times.loglog(ranks, [max(point[key], 1e-6) for point in points], label=heading, **style)
         elif unit == "MB":
-            sizes.loglog(ranks, [max(point[key], 1) / 1e6 for point in points], marker="o", label=heading)
+            sizes.loglog(ranks, [max(point[key], 1) / 1e6 for point in points], label=heading, **style)
+    times.axhline(1, color="grey", linestyle=":", label="1 s")
     times.set(xlabel="ranks", ylabel="seconds", title=f"time per rank ({points[0]['leaves']} leaves per rank)")
     sizes.set(xlabel="ranks", ylabel="MB", title="bytes received or written")
     sizes.axhline(10, color="grey", linestyle=":", label="10 MB")
