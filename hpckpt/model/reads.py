@@ -82,13 +82,14 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
     keep = request.source if request.source is not None else 0
     leaves = []
     for record in manifest.leaves:
+        if record.kind == "replicated":
+            leaves.append(record)
+            continue
         if record.kind == "local":
             blocks = tuple(block for block in record.blocks if block.rank == keep)
-        elif record.kind == "distributed":
+        else:
             box = request.boxes.get(record.path)
             blocks = () if box is None else index.overlapping(record, box)
-        else:
-            blocks = record.blocks
         leaves.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, record.location,
                                  record.encoding))  # fmt: skip
     return replace(manifest, leaves=tuple(leaves))
