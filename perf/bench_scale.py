@@ -9,8 +9,9 @@ small replicated arrays, as a training or solver state has), and the collectives
 modelled as the bytes and messages each rank receives (``MODEL`` below). Each rank
 count runs in a child process, so its peak memory is its own. What is timed:
 
-- ``first save``, on every rank: the plans' allgather (bytes: the pickled plans),
-  ``merge_plans``, every backend's ``layout``, and keeping the layout for later saves;
+- ``first save`` (of a layout): rank 0 receives every plan (their pickled bytes), runs
+  ``merge_plans``, every backend's ``layout`` and cuts each rank's part
+  (``Backend.parts``); another rank receives its part and keeps it for later saves;
 - ``later save``, on every rank but 0: ``plan_digests`` of its own plan and the one
   reduction of :func:`~hpckpt.protocols.coordinated.agree_on_layout`;
 - ``rank 0``, every save: the sync reports it gathers, ``fill_checksums`` and the
@@ -25,7 +26,7 @@ last and between neighbouring ones (0: constant, 1: linear, 2: quadratic) and, w
 ``--quick``, writes ``OUT/scale.json`` and ``OUT/scale.png``. It fails (exit 1) if the
 box checks grow faster than ranks^1.5 from the first rank count to the last, or if, in
 the real MPI runs, a save of an unchanged layout gathers the plans, a first save does
-not, or the bytes a later save or a restore brings a rank other than 0 change with the
+not, or the bytes a save or a restore brings a rank other than 0 change with the
 rank count.
 """
 
@@ -60,7 +61,8 @@ MODEL = """\
 collectives, per rank (P ranks, tree or recursive-doubling algorithms):
   every phase      allreduce of 1 integer: 2 log2(P) messages of 8 B; the watchdog's arrival
                    notices: each rank sends rank 0 one byte, rank 0 receives P - 1 of them
-  first save       allgather of the plans: log2(P) messages, all P plans received
+  first save       gather of the plans to rank 0 (rank 0 receives P), then a scatter:
+                   rank 0 sends each rank its part of the layout, P - 1 messages
   later save       allreduce of 7 integers: 2 log2(P) messages of 56 B
   sync             gather to rank 0: rank 0 receives P reports, the others send one
   retain, base     broadcast from rank 0: log2(P) messages
@@ -131,7 +133,10 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     for backend in (PosixBackend(), HDF5Backend(), ADIOS2Backend()):
         found[f"layout_{backend.name}_s"], placed = seconds(lambda backend=backend: backend.layout(records))
     placed = PosixBackend().layout(records)
-    found["keep_s"], kept = seconds(lambda: AgreedLayout.of(1, plans[1], 1, ranks, placed))
+    found["parts_s"], parts = seconds(lambda: PosixBackend().parts(placed, ranks))
+    found["part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
+    found["keep_s"] = seconds(lambda: AgreedLayout.of(1, plans[1], 1, ranks, parts[1]))[0]
+    kept = AgreedLayout.of(1, plans[0], 0, ranks, placed)  # rank 0's: every record
     found["later_s"] = min(seconds(lambda: plan_digests(plans[1]))[0] for _ in range(20))
     found["later_bytes"] = 7 * 8
     reports = [
@@ -170,7 +175,7 @@ class CountingComm:
     lower-case calls, receive buffers of the upper-case ones. Point-to-point traffic
     (the watchdog's arrival notices) is not counted; the model states it."""
 
-    COUNTED = ("allgather", "gather", "bcast", "allreduce", "Allreduce", "Bcast")
+    COUNTED = ("allgather", "gather", "scatter", "bcast", "allreduce", "Allreduce", "Bcast")
 
     def __init__(self, comm: Any, tally: list[tuple[str, int]]) -> None:
         self._comm, self._tally = comm, tally
@@ -239,6 +244,7 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path) -> list[str]:
     failed = []
     print("real MPI, 20 leaves per rank, posix: collective calls and bytes received per rank")
     print(f"{'ranks':>6s}  {'call':>9s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  {'others, most (B)':>16s}")
+    most_first: dict[int, int] = {}
     most_later: dict[int, int] = {}
     most_restore: dict[int, int] = {}
     for size in sizes:
@@ -256,9 +262,10 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path) -> list[str]:
             print(f"{size:6d}  {call:>9s}  {plans:>8s}  {counts[1]['calls']:5d}  {counts[0]['received']:10d}  {most:16d}")
             if call != "restore" and any(count["gathered"] != (number == 0) for count in counts):
                 failed.append(f"{size} ranks, {call}: plans {'not ' if number == 0 else ''}gathered")
+        most_first[size] = max(rank_counts[0]["received"] for rank_counts in per_rank[1:])
         most_later[size] = max(rank_counts[2]["received"] for rank_counts in per_rank[1:])
         most_restore[size] = max(rank_counts[3]["received"] for rank_counts in per_rank[1:])
-    for what, most_of in (("a later save", most_later), ("a restore", most_restore)):
+    for what, most_of in (("a first save", most_first), ("a later save", most_later), ("a restore", most_restore)):
         if len(set(most_of.values())) > 1:
             failed.append(f"the bytes {what} brings a rank other than 0 depend on the ranks: {most_of}")
     return failed
@@ -271,12 +278,14 @@ def exponents(points: list[dict[str, Any]], key: str) -> list[float]:
 
 
 PARTS = [  # (key, heading, unit)
-    ("first_bytes", "first save: plans each rank receives", "MB"),
-    ("merge_s", "first save: merge_plans on every rank", "s"),
-    ("layout_posix_s", "first save: posix layout", "s"),
-    ("layout_hdf5_s", "first save: hdf5 layout", "s"),
-    ("layout_adios2_s", "first save: adios2 layout", "s"),
-    ("keep_s", "first save: keep the layout", "s"),
+    ("first_bytes", "first save: plans rank 0 receives", "MB"),
+    ("merge_s", "first save: merge_plans on rank 0", "s"),
+    ("layout_posix_s", "first save: posix layout on rank 0", "s"),
+    ("layout_hdf5_s", "first save: hdf5 layout on rank 0", "s"),
+    ("layout_adios2_s", "first save: adios2 layout on rank 0", "s"),
+    ("parts_s", "first save: rank 0 cuts the parts (posix)", "s"),
+    ("part_bytes", "first save: the part another rank receives", "MB"),
+    ("keep_s", "first save: a rank keeps its part", "s"),
     ("later_s", "later save: planning on a rank (digests)", "s"),
     ("later_bytes", "later save: bytes a rank receives", "MB"),
     ("sync_bytes", "rank 0: sync reports received", "MB"),

@@ -1,10 +1,11 @@
 """Save plans: what each rank holds, and the merged, validated layout of a step.
 
-Every rank builds a :class:`RankPlan` of its own leaves. The first save gathers every
-plan to every rank, and each merges the same list with :func:`merge_plans`, so all of
-them reach the same layout or raise the same error without another round of messages.
-A later save whose ranks all give the plans' :func:`plan_digests` of that layout again
-reuses it (:class:`AgreedLayout`): no plan travels. A rank's Local leaves of at most
+Every rank builds a :class:`RankPlan` of its own leaves. The first save of a layout
+gathers every plan to rank 0, which merges them with :func:`merge_plans` (a bad layout
+is an error that names leaf and ranks) and gives each rank its part of the laid-out
+records (:func:`records_by_rank`). A later save whose ranks all give the plans'
+:func:`plan_digests` of that layout again reuses it (:class:`AgreedLayout`): no plan
+travels. A rank's Local leaves of at most
 :data:`PACK_LIMIT` bytes are planned as members of its pack (one block at
 ``PACK_PATH``, see :mod:`hpckpt.model.manifest`).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,12 +128,14 @@ def _digest(text: str) -> int:
 
 @dataclass(frozen=True)
 class AgreedLayout:
-    """The laid-out records of a save, kept for later saves of the same layout.
+    """This rank's part of the laid-out records of a save (rank 0's: all of them), kept
+    for later saves of the same layout.
 
     ``step`` is the save that merged the plans: every rank keeps the layout of the same
     saves (a merge succeeds or fails alike everywhere), so it tells the ranks whether
     they keep the same layout. ``digest`` is this rank's layout digest, ``size`` the
-    ranks that saved, ``nbytes`` the bytes of every block, ``own`` this rank's blocks
+    ranks that saved, ``nbytes`` the bytes of the blocks in ``records`` (on rank 0,
+    the step's), ``own`` this rank's blocks
     with their records (a later save never walks every rank's blocks). The blocks'
     checksums are that save's: each save replaces them all (:func:`fill_checksums`).
     """
@@ -151,6 +154,24 @@ class AgreedLayout:
         own = tuple((record, block) for record in records for block in record.blocks if block.rank == rank)
         nbytes = sum(record.nbytes for record in records)
         return cls(step, plan_digests(plan)[1], size, tuple(records), nbytes, own)
+
+
+def records_by_rank(
+    records: Sequence[LeafRecord], size: int, group_of: Callable[[int], int] | None = None
+) -> list[tuple[LeafRecord, ...]]:
+    """For each rank of ``size``: every record of ``records``, with only the blocks of the
+    ranks in its group (``group_of(rank)``; by default its own). One pass. Pure."""
+    key = group_of or (lambda rank: rank)
+    keys = [key(rank) for rank in range(size)]
+    parts: list[list[LeafRecord]] = [[] for _ in range(size)]
+    for record in records:
+        grouped: dict[int, list[Block]] = {}
+        for block in record.blocks:
+            grouped.setdefault(key(block.rank), []).append(block)
+        for rank, part in enumerate(parts):  # direct construction: dataclasses.replace costs 5 us a call
+            part.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape,
+                                   tuple(grouped.get(keys[rank], ())), record.location, record.encoding))  # fmt: skip
+    return [tuple(part) for part in parts]
 
 
 def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tuple[LeafRecord, ...], dict[str, Any]]:

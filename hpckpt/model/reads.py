@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .boxes import Box, intersection, local_slices
-from .manifest import PACK_START, Block, LeafRecord, Manifest
+from .manifest import PACK_START, Block, LeafRecord, Manifest, stored_file
 
 LocalSource = Callable[[int], int]  # new rank -> the writer rank whose Local blocks it takes
 
@@ -78,7 +78,8 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
     of each distributed leaf, those its box overlaps (in manifest order); of each local
     leaf and the pack, the block of its source rank (rank 0's when it has none: its
     pack lists the packed leaves, which the rank compares its tree with); of each
-    replicated leaf, every chunk (each rank reads some and receives the others). Pure."""
+    replicated leaf, every chunk (each rank reads some and receives the others); and
+    only the files (and files in directories) that hold them. Pure."""
     keep = request.source if request.source is not None else 0
     leaves = []
     for record in manifest.leaves:
@@ -92,7 +93,9 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
             blocks = () if box is None else index.overlapping(record, box)
         leaves.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, record.location,
                                  record.encoding))  # fmt: skip
-    return replace(manifest, leaves=tuple(leaves))
+    holding = {stored_file(record, block) for record in leaves for block in record.blocks}
+    files = {name: size for name, size in manifest.files.items() if name in holding or name.split("/")[0] in holding}
+    return replace(manifest, leaves=tuple(leaves), files=files)
 
 
 class BlockIndex:

@@ -5,19 +5,22 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 
 1. ``plan``: check the step, flatten the tree, stage arrays to contiguous host
    memory and checksum what the plan compares (replicated chunks, every block of an
-   incremental save, device copies as they land); gather every rank's plan; every rank
-   merges the same plans and validates the layout (same error everywhere when it is
-   wrong).
-2. ``base`` (incremental saves only): rank 0 reads the manifest of the step to compare
-   with; every rank drops the blocks it already holds (:mod:`hpckpt.model.delta`).
+   incremental save, device copies as they land). One reduction of digests
+   (:func:`agree_on_layout`) then tells whether every rank plans the layout of the
+   engine's last merged save again: if so, it is reused and no plan travels.
+2. ``merge`` (otherwise): the plans are gathered to rank 0, which merges and validates
+   them (a bad layout is sent to every rank and raised there, the same error
+   everywhere), for an incremental save reads the manifest of the step to compare with
+   and drops the blocks it already holds (:mod:`hpckpt.model.delta`), lays the step
+   out and sends each rank its part (:meth:`~hpckpt.storage.base.Backend.parts`).
    ``prepare``: rank 0 checks the space and makes ``step-N.tmp``.
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
 4. ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes
-   until then) and reports sizes and the checksums of its other blocks, computed by a
-   helper thread since the write began.
-5. ``commit``: rank 0 records the largest sizes, writes the manifest last and renames
-   the step into place; then ``retain`` deletes old steps (only after a successful
+   until then) and reports to rank 0 its sizes and its blocks' checksums (those of a
+   helper thread since the write began, and those known at planning).
+5. ``commit``: rank 0 records the largest sizes, builds and writes the manifest last
+   and renames the step into place; then ``retain`` deletes old steps (only after a successful
    commit).
 """
 
@@ -334,17 +337,25 @@ def save_coordinated(
         needed = agreed.nbytes
         own_blocks = [BlockData(record, block, staged[record.path]) for record, block in agreed.own]
     else:
-        plans = comm.allgather(rank_plan)
-        merged, values = merge_plans(plans, complete=complete)
-        if delta_planned:
-            base_manifest = timed("base", lambda: choose_base(run_dir, step, incremental, base) if rank == 0 else None,
-                                  share_phase)  # fmt: skip
-            if base_manifest is not None:
-                delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM)
-        records = backend.layout(to_write(merged, delta))
+        plans = comm.gather(rank_plan, root=0)
+
+        def lay_out() -> RootLayout | InvalidStateError | None:
+            if plans is None:  # every rank but 0
+                return None
+            base_of = (lambda: choose_base(run_dir, step, incremental, base)) if delta_planned else None
+            return lay_out_on_root(plans, backend, complete, base_of, comm.size)
+
+        laid_out = timed("merge", lay_out)
+        part = comm.scatter(None if rank != 0 else laid_out.parts if isinstance(laid_out, RootLayout) else [laid_out] * comm.size,
+                            root=0)  # fmt: skip
+        if isinstance(part, InvalidStateError):  # a bad layout: the same error on every rank, as the merge raised it
+            raise part
+        records = part
+        if isinstance(laid_out, RootLayout):  # rank 0 keeps every record, for the manifest
+            merged, values, delta, records = laid_out.merged, laid_out.values, laid_out.delta, laid_out.records
         if layouts is not None and not delta_planned:
             layouts.last = AgreedLayout.of(step, rank_plan, rank, comm.size, records)
-        needed = sum(record.nbytes for record in records)
+        needed = sum(record.nbytes for record in records)  # (rank 0's, which prepares the step: every block)
         own_blocks = blocks_of_rank(records, staged, rank)
     annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
 
@@ -409,6 +420,35 @@ def save_coordinated(
     local_bytes = sum(array.nbytes for array in staged.values())
     written = sum(data.array.nbytes for data in own_blocks)
     return SaveReport(step, local_bytes, seconds, tuple(deleted), written, agreed is None)
+
+
+@dataclass(frozen=True)
+class RootLayout:
+    """What rank 0 merges and lays out when the plans are gathered: the merged records
+    and values, the delta of an incremental save, the laid-out records and each rank's
+    part of them (:meth:`~hpckpt.storage.base.Backend.parts`)."""
+
+    merged: tuple[LeafRecord, ...]
+    values: dict[str, Any]
+    delta: Delta | None
+    records: tuple[LeafRecord, ...]
+    parts: list[tuple[LeafRecord, ...]]
+
+
+def lay_out_on_root(
+    plans: Sequence[RankPlan], backend: Backend, complete: bool, base_of: Callable[[], Manifest | None] | None, size: int
+) -> RootLayout | InvalidStateError:
+    """Merge every rank's plan, compare with the base step of an incremental save
+    (``base_of`` reads its manifest), lay the step out and cut each rank's part. Not
+    collective (rank 0). A bad layout is returned, not raised, for every rank to raise."""
+    try:
+        merged, values = merge_plans(plans, complete=complete)
+    except InvalidStateError as exc:
+        return exc
+    base_manifest = base_of() if base_of is not None else None
+    delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM) if base_manifest is not None else None
+    records = backend.layout(to_write(merged, delta))
+    return RootLayout(merged, values, delta, records, backend.parts(records, size))
 
 
 class LayoutMemory:

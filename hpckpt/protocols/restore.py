@@ -199,8 +199,8 @@ def restore_newest(
             continue
         damaged = share_phase(
             comm, f"restore step {step}: files",
-            lambda: damaged_files(run_dir, manifest) if comm.rank == 0 else [],
-        )  # (rank 0's part lists every file of the step)
+            lambda: damaged_files(run_dir, whole) if isinstance(whole, Manifest) else [],
+        )  # fmt: skip
         if damaged:
             problems.append(f"step {step}: {damaged[0]}")
             _warn_fallback(step, damaged, steps)
@@ -376,8 +376,9 @@ def _differences(manifest: Manifest, slots: list[Slot], size: int, rank: int, ch
 
 
 def _allocation_limit(manifest: Manifest, block: Block) -> int:
-    """The most bytes a resized leaf's block may take when restored: what the step's files
-    hold, for a block stored uncompressed in them, and never more than this host's memory."""
+    """The most bytes a resized leaf's block may take when restored: what the files of
+    this rank's part of the manifest hold (those that hold its blocks), for a block
+    stored uncompressed in them, and never more than this host's memory."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     stored = [size for size in manifest.files.values() if size is not None]
     if block.location.get("codec") is None and IN_STEP not in block.location and stored:

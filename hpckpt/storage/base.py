@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ..model.layout import records_by_rank
 from ..model.manifest import Block, LeafRecord
 
 if TYPE_CHECKING:
@@ -126,11 +127,18 @@ class Backend:
         """``records`` with their storage locations filled in. Pure and deterministic."""
         raise NotImplementedError
 
+    def parts(self, records: Sequence[LeafRecord], size: int) -> list[tuple[LeafRecord, ...]]:
+        """What each rank of ``size`` passes to :meth:`write` as its ``records``, of the
+        laid-out ``records`` (rank 0 passes them all). Pure; rank 0 computes it once per
+        layout. Default: every record, with only that rank's blocks."""
+        return records_by_rank(records, size)
+
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
     ) -> list[str]:
-        """Write ``blocks``; return the step's file names. Collective over ``comm``. (A
-        backend that ``shows_annotations`` takes the step's :class:`Annotations` too.)"""
+        """Write ``blocks``; return the step's file names. Collective over ``comm``: rank 0
+        passes every laid-out record, another rank its part (:meth:`parts`). (A backend
+        that ``shows_annotations`` takes the step's :class:`Annotations` too.)"""
         raise NotImplementedError
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:

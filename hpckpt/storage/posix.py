@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._checks import require_count
+from ..model.layout import records_by_rank
 from ..model.manifest import Block, LeafRecord
 from . import codec, direct
 from .base import Backend, BlockData, Encoded, Landed
@@ -156,6 +157,11 @@ class PosixBackend(Backend):
                            record.encoding)
             )
         return tuple(placed)
+
+    def parts(self, records: Sequence[LeafRecord], size: int) -> list[tuple[LeafRecord, ...]]:
+        """Each rank's records hold the blocks of every rank of its file: it truncates a
+        recycled file to the end of the last of them."""
+        return records_by_rank(records, size, lambda rank: rank // self.ranks_per_file)
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]

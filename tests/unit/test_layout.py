@@ -13,6 +13,7 @@ from hpckpt.model.layout import (
     merge_plans,
     pack_plan,
     plan_digests,
+    records_by_rank,
     replicated_chunks,
 )
 
@@ -114,3 +115,13 @@ def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_chec
     assert kept[0].nbytes == kept[1].nbytes == 4 * 8 + 4 * 4
     filled = fill_checksums(kept[0].records, [{"u": "x0"}, {"u": "x1"}], {"w": ("y0",)})
     assert [[block.checksum for block in record.blocks] for record in filled] == [["x0", "x1"], ["y0"]]
+
+
+def test_each_rank_gets_every_record_with_its_own_blocks_or_its_groups():
+    plans = [RankPlan((dist((0,), (1,)),), {}), RankPlan((dist((1,), (1,)),), {}), RankPlan((dist((2,), (2,)),), {})]
+    records, _ = merge_plans(plans)
+    parts = records_by_rank(records, 3)
+    assert [[block.rank for block in part[0].blocks] for part in parts] == [[0], [1], [2]]
+    shared = records_by_rank(records, 3, lambda rank: rank // 2)  # ranks 0 and 1 share a group (a posix file)
+    assert [[block.rank for block in part[0].blocks] for part in shared] == [[0, 1], [0, 1], [2]]
+    assert all(part[0].path == "u" and part[0].global_shape == (4,) for part in parts)
