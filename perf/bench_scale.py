@@ -63,9 +63,9 @@ collectives, per rank (P ranks, tree or recursive-doubling algorithms):
                    notices: each rank sends rank 0 one byte, rank 0 receives P - 1 of them
   first save       gather of the plans to rank 0 (rank 0 receives P), then a scatter:
                    rank 0 sends each rank its part of the layout, P - 1 messages
-  later save       allreduce of 7 integers: 2 log2(P) messages of 56 B
+  later save       allreduce of 7 integers: 2 log2(P) messages of 56 B (and the watchdog's notices)
   sync             gather to rank 0: rank 0 receives P reports, the others send one
-  retain, base     broadcast from rank 0: log2(P) messages
+  retain, steps    broadcast from rank 0: log2(P) messages
   restore          gather of the ranks' read requests to rank 0 (rank 0 receives P), then a
                    scatter: rank 0 sends each rank its part of the manifest, P - 1 messages"""
 
@@ -238,9 +238,10 @@ def count_collectives(out: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def check_model(sizes: list[int], mpiexec: str, scratch: Path) -> list[str]:
+def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str, Any]) -> list[str]:
     """Run :func:`count_collectives` at each of ``sizes`` ranks; print what each rank
-    received per save and in the restore; the model's claims that do not hold."""
+    received per save and in the restore (and put it in ``counted``, by rank count); the
+    model's claims that do not hold."""
     failed = []
     print("real MPI, 20 leaves per rank, posix: collective calls and bytes received per rank")
     print(f"{'ranks':>6s}  {'call':>9s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  {'others, most (B)':>16s}")
@@ -254,6 +255,7 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path) -> list[str]:
         if run.returncode:
             raise RuntimeError(f"{' '.join(command)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
         per_rank = json.loads(out.read_text())
+        counted[str(size)] = per_rank
         out.unlink()
         for number, call in enumerate(("save 1", "save 2", "save 3", "restore")):
             counts = [rank_counts[number] for rank_counts in per_rank]
@@ -368,14 +370,18 @@ def main() -> int:
     ends = [points[0], points[-1]]  # first to last: steps between neighbours are noisier
     worst = {key: exponents(ends, key)[0] for key in ("boxes_1d_s", "boxes_2d_s", "boxes_3d_s", "boxes_bisection_s")}
     failed = [f"{key} grows as ranks^{value:.2f}" for key, value in worst.items() if value > 1.5]
+    counted: dict[str, Any] = {}  # rank count -> per rank: per save and restore, calls and bytes received
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=".") as scratch:
-        failed += check_model(args.mpi if args.mpi else [2, 4] if args.quick else [2, 4, 8, 16], args.mpiexec, Path(scratch))
+        sizes = args.mpi if args.mpi else [2, 4] if args.quick else [2, 4, 8, 16]
+        failed += check_model(sizes, args.mpiexec, Path(scratch), counted)
     for failure in failed:
         print(f"bench_scale: FAILED: {failure}", file=sys.stderr)
     if not args.quick:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "scale.json").write_text(json.dumps({"model": MODEL, "points": points, "failed": failed}, indent=1) + "\n")
+        (out / "scale.json").write_text(
+            json.dumps({"model": MODEL, "points": points, "mpi": counted, "failed": failed}, indent=1) + "\n"
+        )
         print(f"bench_scale: wrote {out / 'scale.json'} and {plot(points, out)}")
     return 1 if failed else 0
 

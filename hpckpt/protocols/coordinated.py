@@ -480,6 +480,7 @@ def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMem
     unchanged = last is not None and last.digest == layout and last.size == comm.size
     ours = np.array([step, -step, agreement, -agreement, kept, -kept, 0 if unchanged else -1], dtype=np.int64)
     lowest = np.empty_like(ours)
+    await_everyone(comm, f"save step {step}: agree on the layout")  # a rank stopped since the plan phase is named
     comm.Allreduce(ours, lowest, op=MPI.MIN)
     if lowest[0] != -lowest[1]:
         per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(comm.allgather(step)))
