@@ -20,8 +20,8 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
    until then) and reports to rank 0 its sizes and its blocks' checksums (those of a
    helper thread since the write began, and those known at planning).
 5. ``commit``: rank 0 records the largest sizes, builds and writes the manifest last
-   and renames the step into place; then ``retain`` deletes old steps (only after a successful
-   commit).
+   and renames the step into place; then ``retain`` deletes old steps (only after a
+   successful commit).
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def save_coordinated(
                             root=0)  # fmt: skip
         if isinstance(part, InvalidStateError):  # a bad layout: the same error on every rank, as the merge raised it
             raise part
-        records = part
+        merged = records = part
         if isinstance(laid_out, RootLayout):  # rank 0 keeps every record, for the manifest
             merged, values, delta, records = laid_out.merged, laid_out.values, laid_out.delta, laid_out.records
         if layouts is not None and not delta_planned:
