@@ -75,16 +75,10 @@ def run_phase(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> T:
     return _agree(comm, phase, action)
 
 
-def gather_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int | None = None) -> list[T]:
-    """Like :func:`run_phase`, and return every rank's result, indexed by rank.
-
-    Collective over ``comm``. The results travel to every rank (with ``root``: to that
-    rank only, and the others get an empty list): keep them small.
-    """
-    result = _agree(comm, phase, action)
-    if root is None:
-        return comm.allgather(result)
-    gathered = comm.gather(result, root=root)
+def gather_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int = 0) -> list[T]:
+    """Like :func:`run_phase`, and return every rank's result, indexed by rank, on
+    ``root`` (the others get an empty list). Collective over ``comm``."""
+    gathered = comm.gather(_agree(comm, phase, action), root=root)
     return gathered if gathered is not None else []
 
 

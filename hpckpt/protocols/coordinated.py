@@ -26,7 +26,6 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 import traceback
@@ -381,7 +380,7 @@ def save_coordinated(
         point("save.sync")
         return sync_files(temp, backend.written_files(files, rank, comm.size)), {**own_checksums(rank_plan), **checksums.result()}
 
-    synced = timed("sync", sync, functools.partial(gather_phase, root=0))  # rank 0 alone writes the manifest
+    synced = timed("sync", sync, gather_phase)  # to rank 0, which alone writes the manifest
     PACK_BUFFERS.give_back(lent)  # a failed save leaves its pack buffer to the garbage collector
 
     def commit() -> None:

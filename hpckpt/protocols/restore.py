@@ -184,7 +184,7 @@ def restore_newest(
             _warn_fallback(step, [str(writers)], steps)
             continue
         requests = gather_phase(
-            comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice), root=0
+            comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice)
         )
         parts = run_phase(comm, f"restore step {step}: parts", lambda: _parts(whole, requests) if comm.rank == 0 else None)
         manifest = comm.scatter(parts, root=0)
