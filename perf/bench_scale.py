@@ -90,6 +90,7 @@ def synthetic_plans(ranks: int, leaves: int) -> list[RankPlan]:
 
 
 def seconds(action: Callable[[], Any]) -> tuple[float, Any]:
+    """How long ``action`` took, and what it returned."""
     start = time.perf_counter()
     result = action()
     return time.perf_counter() - start, result
@@ -159,9 +160,9 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
         whole, index = Manifest.from_json(text, "bench"), BlockIndex()
         return [manifest_part(whole, request, index) for request in requests]
 
-    found["restore_root_s"], parts = seconds(cut_parts)
-    found["restore_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
-    found["restore_s"] = seconds(lambda: parts[1].tree_leaves)[0]
+    found["restore_root_s"], manifest_parts = seconds(cut_parts)
+    found["restore_bytes"] = len(pickle.dumps(manifest_parts[1], protocol=pickle.HIGHEST_PROTOCOL))
+    found["restore_s"] = seconds(lambda: manifest_parts[1].tree_leaves)[0]
     for name, (shape, boxes) in {"1d": grid_boxes(ranks, 1), "2d": grid_boxes(ranks, 2), "3d": grid_boxes(ranks, 3),
                                  "bisection": bisection_boxes(ranks)}.items():  # fmt: skip
         found[f"boxes_{name}_s"] = min(seconds(lambda: check_tiling("u", shape, boxes))[0] for _ in range(5))
