@@ -84,6 +84,7 @@ def main() -> int:
             train(model, optimizer, range(step, step + 2), comm.rank)
             if comm.rank == 0:
                 print(f"fsdp: restored step {step} on {comm.size} ranks: {count} tensors bit for bit", flush=True)
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
     return 0
 

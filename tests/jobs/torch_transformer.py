@@ -86,6 +86,7 @@ def main() -> int:
     if comm.rank == 0:
         print(f"torch_train: done steps={args.steps} resumed_from={resumed} loss={loss.item()!r} checksum={digest}",
               flush=True)
+    dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
     return 0
 
