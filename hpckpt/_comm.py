@@ -88,6 +88,12 @@ def share_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int =
     return comm.bcast(_agree(comm, phase, action), root=root)
 
 
+def scatter_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[T] | None], root: int = 0) -> T:
+    """Like :func:`run_phase`; ``root``'s ``action`` returns one result per rank (the
+    others' return None), and each rank gets its own. Collective over ``comm``."""
+    return comm.scatter(_agree(comm, phase, action), root=root)
+
+
 def merged_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[str]]) -> list[str]:
     """Like :func:`run_phase`, and return every rank's findings (``action`` returns a
     list of them), each once, in rank order, on every rank. Collective.

@@ -136,8 +136,8 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     placed = PosixBackend().layout(records)
     found["parts_s"], parts = seconds(lambda: PosixBackend().parts(placed, ranks))
     found["part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
-    found["keep_s"] = seconds(lambda: AgreedLayout.of(1, plans[1], 1, ranks, parts[1]))[0]
-    kept = AgreedLayout.of(1, plans[0], 0, ranks, placed)  # rank 0's: every record
+    found["keep_s"] = seconds(lambda: AgreedLayout.of(1, plan_digests(plans[1])[1], 1, ranks, parts[1]))[0]
+    kept = AgreedLayout.of(1, plan_digests(plans[0])[1], 0, ranks, placed)  # rank 0's: every record
     found["later_s"] = min(seconds(lambda: plan_digests(plans[1]))[0] for _ in range(20))
     found["later_bytes"] = 7 * 8
     reports = [

@@ -5,9 +5,8 @@ gathers every plan to rank 0, which merges them with :func:`merge_plans` (a bad 
 is an error that names leaf and ranks) and gives each rank its part of the laid-out
 records (:func:`records_by_rank`). A later save whose ranks all give the plans'
 :func:`plan_digests` of that layout again reuses it (:class:`AgreedLayout`): no plan
-travels. A rank's Local leaves of at most
-:data:`PACK_LIMIT` bytes are planned as members of its pack (one block at
-``PACK_PATH``, see :mod:`hpckpt.model.manifest`).
+travels. A rank's Local leaves of at most :data:`PACK_LIMIT` bytes are planned as
+members of its pack (one block at ``PACK_PATH``, see :mod:`hpckpt.model.manifest`).
 """
 
 from __future__ import annotations
@@ -133,9 +132,8 @@ class AgreedLayout:
 
     ``step`` is the save that merged the plans: every rank keeps the layout of the same
     saves (a merge succeeds or fails alike everywhere), so it tells the ranks whether
-    they keep the same layout. ``digest`` is this rank's layout digest, ``size`` the
-    ranks that saved, ``nbytes`` the bytes of the blocks in ``records`` (on rank 0,
-    the step's), ``own`` this rank's blocks
+    they keep the same layout. ``digest`` is this rank's layout digest
+    (:func:`plan_digests`), ``size`` the ranks that saved, ``own`` this rank's blocks
     with their records (a later save never walks every rank's blocks). The blocks'
     checksums are that save's: each save replaces them all (:func:`fill_checksums`).
     """
@@ -144,16 +142,14 @@ class AgreedLayout:
     digest: int
     size: int
     records: tuple[LeafRecord, ...]
-    nbytes: int
     own: tuple[tuple[LeafRecord, Block], ...]
 
     @classmethod
-    def of(cls, step: int, plan: RankPlan, rank: int, size: int, records: Sequence[LeafRecord]) -> AgreedLayout:
+    def of(cls, step: int, digest: int, rank: int, size: int, records: Sequence[LeafRecord]) -> AgreedLayout:
         """The layout of ``records`` (merged and laid out in save ``step``), as kept by
-        ``rank`` of ``size``, whose own plan was ``plan``."""
+        ``rank`` of ``size``, whose plan's layout digest was ``digest``."""
         own = tuple((record, block) for record in records for block in record.blocks if block.rank == rank)
-        nbytes = sum(record.nbytes for record in records)
-        return cls(step, plan_digests(plan)[1], size, tuple(records), nbytes, own)
+        return cls(step, digest, size, tuple(records), own)
 
 
 def records_by_rank(

@@ -36,7 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import abort_job, await_everyone, describe_failure, gather_phase, io_deadline, run_phase, share_phase
+from .._comm import (
+    abort_job,
+    await_everyone,
+    describe_failure,
+    gather_phase,
+    io_deadline,
+    run_phase,
+    scatter_phase,
+    share_phase,
+)
 from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import leaf_encoding
@@ -328,37 +337,40 @@ def save_coordinated(
         return rank_plan
 
     rank_plan = timed("plan", plan)
-    agreed = agree_on_layout(comm, step, rank_plan, None if delta_planned else layouts)
+    digests = plan_digests(rank_plan)
+    agreed = agree_on_layout(comm, step, digests, None if delta_planned else layouts)
     values, dims = rank_plan.values, rank_plan.dims  # alike on every rank: agreed, or checked by merge_plans
     delta: Delta | None = None
     if agreed is not None:
         merged = records = agreed.records
-        needed = agreed.nbytes
         own_blocks = [BlockData(record, block, staged[record.path]) for record, block in agreed.own]
     else:
         plans = comm.gather(rank_plan, root=0)
+        laid_out: list[RootLayout] = []  # rank 0's, which keeps every record for the manifest
 
-        def lay_out() -> RootLayout | InvalidStateError | None:
+        def lay_out() -> list[tuple[LeafRecord, ...] | InvalidStateError] | None:
             if plans is None:  # every rank but 0
                 return None
             base_of = (lambda: choose_base(run_dir, step, incremental, base)) if delta_planned else None
-            return lay_out_on_root(plans, backend, complete, base_of, comm.size)
+            result = lay_out_on_root(plans, backend, complete, base_of, comm.size)
+            if isinstance(result, InvalidStateError):
+                return [result] * comm.size
+            laid_out.append(result)
+            return list(result.parts)
 
-        laid_out = timed("merge", lay_out)
-        part = comm.scatter(None if rank != 0 else laid_out.parts if isinstance(laid_out, RootLayout) else [laid_out] * comm.size,
-                            root=0)  # fmt: skip
+        part = timed("merge", lay_out, scatter_phase)
         if isinstance(part, InvalidStateError):  # a bad layout: the same error on every rank, as the merge raised it
             raise part
         merged = records = part
-        if isinstance(laid_out, RootLayout):  # rank 0 keeps every record, for the manifest
-            merged, values, delta, records = laid_out.merged, laid_out.values, laid_out.delta, laid_out.records
+        if laid_out:
+            merged, values, delta, records = laid_out[0].merged, laid_out[0].values, laid_out[0].delta, laid_out[0].records
         if layouts is not None and not delta_planned:
-            layouts.last = AgreedLayout.of(step, rank_plan, rank, comm.size, records)
-        needed = sum(record.nbytes for record in records)  # (rank 0's, which prepares the step: every block)
+            layouts.last = AgreedLayout.of(step, digests[1], rank, comm.size, records)
         own_blocks = blocks_of_rank(records, staged, rank)
     annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
 
-    timed("prepare", lambda: run_dir.prepare(step, needed) if rank == 0 else None)
+    # rank 0 holds every record: the step's bytes
+    timed("prepare", lambda: run_dir.prepare(step, sum(record.nbytes for record in records)) if rank == 0 else None)
     temp = run_dir.temp_path(step)
     checksums = checksum_in_background(deferred)
 
@@ -457,14 +469,16 @@ class LayoutMemory:
         self.last: AgreedLayout | None = None
 
 
-def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMemory | None) -> AgreedLayout | None:
+def agree_on_layout(
+    comm: MPI.Comm, step: int, digests: tuple[int, int], memory: LayoutMemory | None
+) -> AgreedLayout | None:
     """The remembered layout when every rank's plan gives it again, else None (the plans
     must then be gathered and merged). Collective over ``comm``: one reduction of seven
     integers, after the plan phase.
 
-    Every rank must save the same ``step`` and give the same agreement digest
-    (:func:`~hpckpt.model.layout.plan_digests`), remember the layout of the same save
-    and give its own layout digest of it again.
+    Every rank must save the same ``step`` and give the same agreement digest (the
+    first of its plan's ``digests``, :func:`~hpckpt.model.layout.plan_digests`),
+    remember the layout of the same save and give its own layout digest of it again.
 
     Raises
     ------
@@ -473,7 +487,7 @@ def agree_on_layout(comm: MPI.Comm, step: int, plan: RankPlan, memory: LayoutMem
     """
     from mpi4py import MPI
 
-    agreement, layout = plan_digests(plan)
+    agreement, layout = digests
     last = memory.last if memory is not None else None
     kept = last.step if last is not None else -1
     unchanged = last is not None and last.digest == layout and last.size == comm.size

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import gather_phase, merged_phase, run_phase, share_phase
+from .._comm import gather_phase, merged_phase, run_phase, scatter_phase, share_phase
 from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
@@ -186,8 +186,9 @@ def restore_newest(
         requests = gather_phase(
             comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice)
         )
-        parts = run_phase(comm, f"restore step {step}: parts", lambda: _parts(whole, requests) if comm.rank == 0 else None)
-        manifest = comm.scatter(parts, root=0)
+        manifest = scatter_phase(
+            comm, f"restore step {step}: parts", lambda: _parts(whole, requests) if comm.rank == 0 else None
+        )
         differences = merged_phase(
             comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, choice)
         )

@@ -119,10 +119,11 @@ class HDF5Backend(Backend):
     ) -> list[str]:
         """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
-        Collective over ``comm`` (one scatter): every rank passes the same ``records``.
-        Rank 0 creates the file and every dataset with serial HDF5, contiguous and
-        allocated at once (or reuses a recycled file of the same layout), and sends each
-        rank the file offsets of the datasets it writes; each rank then writes the C-order runs of its blocks at
+        Collective over ``comm`` (one scatter): rank 0 passes every record, another rank
+        its part (:meth:`~hpckpt.storage.base.Backend.parts`). Rank 0 creates the file
+        and every dataset with serial HDF5, contiguous and allocated at once (or reuses a
+        recycled file of the same layout), and sends each rank the file offsets of the
+        datasets it writes; each rank then writes the C-order runs of its blocks at
         those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
         no GIL in the data path, so a save in a background thread cannot deadlock with
         the application's MPI calls.
