@@ -38,7 +38,6 @@ import json
 import math
 import pickle
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -165,7 +164,7 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     found["restore_s"] = seconds(lambda: manifest_parts[1].tree_leaves)[0]
     for name, (shape, boxes) in {"1d": grid_boxes(ranks, 1), "2d": grid_boxes(ranks, 2), "3d": grid_boxes(ranks, 3),
                                  "bisection": bisection_boxes(ranks)}.items():  # fmt: skip
-        found[f"boxes_{name}_s"] = min(seconds(lambda: check_tiling("u", shape, boxes))[0] for _ in range(5))
+        found[f"boxes_{name}_s"] = min(seconds(lambda: check_tiling("u", shape, boxes))[0] for _ in range(9))
     found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return found
 
@@ -239,6 +238,18 @@ def count_collectives(out: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def run_child(command: list[str], timeout: float) -> str:
+    """The output of ``command``, run in a process group of its own that a timeout kills
+    whole, ranks included (``tests/processes.py``); RuntimeError with its errors when it fails."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.processes import run_group
+
+    run = run_group(command, timeout=timeout)
+    if run.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    return run.stdout
+
+
 def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str, Any]) -> list[str]:
     """Run :func:`count_collectives` at each of ``sizes`` ranks; print what each rank
     received per save and in the restore (and put it in ``counted``, by rank count); the
@@ -252,9 +263,7 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str
     for size in sizes:
         out = scratch / f"scale-count-{size}.json"
         command = [mpiexec, "-n", str(size), sys.executable, __file__, "--count-into", str(out)]
-        run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if run.returncode:
-            raise RuntimeError(f"{' '.join(command)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
+        run_child(command, timeout=300)
         per_rank = json.loads(out.read_text())
         counted[str(size)] = per_rank
         out.unlink()
@@ -366,7 +375,7 @@ def main() -> int:
     for count in ranks:
         print(f"bench_scale: {count:,d} ranks x {args.leaves} leaves ...", flush=True)
         child = [sys.executable, __file__, "--one", str(count), "--leaves", str(args.leaves)]
-        points.append(json.loads(subprocess.run(child, check=True, capture_output=True, text=True).stdout))
+        points.append(json.loads(run_child(child, timeout=1800)))
     print_table(points)
     ends = [points[0], points[-1]]  # first to last: steps between neighbours are noisier
     worst = {key: exponents(ends, key)[0] for key in ("boxes_1d_s", "boxes_2d_s", "boxes_3d_s", "boxes_bisection_s")}
