@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from ._hooks import ATTEMPT_ENV, FINISHED_FILE_ENV
-from .slurm import READY_FILE_ENV, STOPPED_EXIT_CODE
+from .slurm import READY_FILE_ENV, STOP_FILE_ENV, STOPPED_EXIT_CODE
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _HELD = (signal.SIGUSR1, signal.SIGUSR2)
@@ -62,7 +62,11 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
     work is done. An attempt that exits with :data:`~hpckpt.slurm.STOPPED_EXIT_CODE` stopped on
     purpose after a checkpoint: it is not relaunched, and with ``requeue`` inside a
     Slurm job (unless SIGTERM or SIGINT came here) the job is requeued with
-    ``scontrol requeue $SLURM_JOB_ID``.
+    ``scontrol requeue $SLURM_JOB_ID``. So is an attempt that exits with 0 after its
+    :class:`~hpckpt.slurm.JobControl` told the ranks to stop (it writes the reason into
+    the file named in ``HPCKPT_STOP_FILE``) without :meth:`~hpckpt.Checkpointer.finish`:
+    the launcher lost the ranks' status 75 (MPICH's mpiexec can, after it passes on a
+    signal), and the work is not done.
     """
     stopping = False
     held: list[int] = []  # SIGUSR1/SIGUSR2 not yet passed on (shared with the running attempt)
@@ -91,8 +95,13 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
             if stopping:  # SIGTERM or SIGINT came while it started
                 attempt_process.signal(signal.SIGTERM)
             status = attempt_process.wait()
-            finished, attempt_process = attempt_process.finished, None
+            finished, stop_reason, attempt_process = attempt_process.finished, attempt_process.stop_reason, None
             elapsed = time.monotonic() - started
+            if status == 0 and stop_reason is not None and not finished:
+                report(f"attempt {attempt + 1}/{attempts} exited with status 0, but its ranks were told to stop "
+                       f"({stop_reason}) and to exit {STOPPED_EXIT_CODE}: the launcher lost their exit status; "
+                       "taking it as stopped with a checkpoint")
+                status = STOPPED_EXIT_CODE
             if status == 0:
                 report(f"attempt {attempt + 1}/{attempts} succeeded after {elapsed:.1f} s")
                 return 0
@@ -127,11 +136,13 @@ class _Attempt:
     def __init__(self, command: Sequence[str], attempt: int, held: list[int]) -> None:
         self.ready_file = _unused_path(".hpckpt-ready-")
         self.finished_file = _unused_path(".hpckpt-finished-")
+        self.stop_file = _unused_path(".hpckpt-stop-")
         self.finished = False  # the job called Checkpointer.finish (known after wait)
+        self.stop_reason: str | None = None  # why JobControl told the ranks to stop (known after wait)
         self.started = time.monotonic()
         self.held = held  # the caller's list: a signal arriving while this starts is kept
         env = {**os.environ, ATTEMPT_ENV: str(attempt), READY_FILE_ENV: str(self.ready_file),
-               FINISHED_FILE_ENV: str(self.finished_file)}  # fmt: skip
+               FINISHED_FILE_ENV: str(self.finished_file), STOP_FILE_ENV: str(self.stop_file)}  # fmt: skip
         self.process = subprocess.Popen(list(command), env=env)
 
     def ready(self) -> bool:
@@ -154,8 +165,10 @@ class _Attempt:
                     self.process.send_signal(self.held.pop(0))
         finally:
             self.finished = self.finished_file.exists()
-            self.ready_file.unlink(missing_ok=True)
-            self.finished_file.unlink(missing_ok=True)
+            if self.stop_file.exists():
+                self.stop_reason = self.stop_file.read_text().strip()
+            for marker in (self.ready_file, self.finished_file, self.stop_file):
+                marker.unlink(missing_ok=True)
 
 
 def _unused_path(prefix: str) -> Path:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 STOPPED_EXIT_CODE = 75
 READY_FILE_ENV = "HPCKPT_READY_FILE"
+STOP_FILE_ENV = "HPCKPT_STOP_FILE"  # set by `hpckpt run`; rank 0 writes the stop reason into it
 DEFAULT_MARGIN = 60.0
 _TIME_LEFT = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+)$")
 
@@ -172,7 +173,17 @@ class JobControl:
             self.stop_reason = f"{signal.Signals(signum).name} received"
         elif any_late:
             self.stop_reason = f"wall-time limit near ({max(left or 0.0, 0.0):.0f} s left)"
-        return bool(signum or any_late)
+        if self.stop_reason is not None:
+            self._tell_hpckpt_run(self.stop_reason)
+        return self.stop_reason is not None
+
+    def _tell_hpckpt_run(self, reason: str) -> None:
+        """Write the stop reason on rank 0 into ``HPCKPT_STOP_FILE``: ``hpckpt run`` then
+        knows the ranks were told to stop with a checkpoint even where the launcher loses
+        their exit status 75 (MPICH's mpiexec can report 0 after it passes on a signal)."""
+        stop_file = os.environ.get(STOP_FILE_ENV)
+        if stop_file and self.comm.rank == 0:
+            Path(stop_file).write_text(reason + "\n")
 
     def describe(self) -> str:
         """One line for the job's log: Slurm job id, restart count, wall time left."""

@@ -92,3 +92,26 @@ def test_a_job_that_fails_before_finish_is_relaunched(tmp_path):
     job = "import os, sys; sys.exit(0 if os.environ['HPCKPT_ATTEMPT'] == '1' else 5)"
     result = hpckpt_run("--delay", "0", "--", sys.executable, "-c", job)
     assert result.returncode == 0 and "attempt 1/4 failed after" in result.stderr
+
+
+def test_a_zero_status_after_the_ranks_were_told_to_stop_is_taken_as_a_stop(tmp_path):
+    """MPICH's mpiexec can report 0 for ranks that exited 75 after it passed on a SIGTERM:
+    JobControl's stop file tells ``hpckpt run`` that the work is not done."""
+    log = tmp_path / "attempts"
+    job = (  # one rank told to stop by a real signal, then exiting 0 as such a launcher reports it
+        "import os, signal, sys\n"
+        "from mpi4py import MPI\n"
+        "from hpckpt.slurm import JobControl\n"
+        f"open({str(log)!r}, 'a').write(os.environ['HPCKPT_ATTEMPT'] + '\\n')\n"
+        "with JobControl(MPI.COMM_WORLD) as job:\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    assert job.should_stop()\n"
+        "sys.exit(0)\n"
+    )
+    result = hpckpt_run("--delay", "0", "--", sys.executable, "-c", job)
+    assert result.returncode == 75, result.stderr
+    assert log.read_text().split() == ["0"]
+    assert ("attempt 1/4 exited with status 0, but its ranks were told to stop (SIGUSR1 received) and to exit 75: "
+            "the launcher lost their exit status; taking it as stopped with a checkpoint") in result.stderr
+    assert "attempt 1/4 stopped with a checkpoint after" in result.stderr
+    assert not list(Path.cwd().glob(".hpckpt-stop-*"))  # the attempt's marker is cleaned up
