@@ -4,14 +4,19 @@ Only this module decides collectively whether a phase succeeded: every rank eith
 passes the phase or raises the same :class:`~hpckpt.errors.CollectiveError` naming the
 failing ranks. Backends use the communicator for collective I/O, never to agree.
 
-The watchdog: a rank that reaches a phase's agreement tells rank 0 (a message on a
-duplicate of the communicator, made at its first phase) and waits in a non-blocking
-barrier. When the barrier has not completed ``HPCKPT_PHASE_TIMEOUT`` seconds (default
-600; ``0`` turns the watchdog off) after this rank arrived, rank 0 prints which ranks
-have not arrived at which phase, and aborts the job; any other rank that has waited a
-further grace period (rank 0 itself may be the one missing) prints that it still waits
-and aborts the job itself. A stopped, hung or deadlocked rank thus ends the job with a
-message that names it instead of leaving the others waiting forever.
+The watchdog: a rank that reaches a phase's agreement tells its group's leader (a
+message on a duplicate of the communicator, made at its first phase) and waits in a
+non-blocking barrier. The ranks form groups of about sqrt(P) consecutive ranks, each led
+by its first rank; a leader tells rank 0 once its whole group has arrived, so no rank
+receives more than about 2 sqrt(P) notices per phase. When the barrier has not
+completed ``HPCKPT_PHASE_TIMEOUT`` seconds (default 600; ``0`` turns the watchdog off)
+after this rank arrived, a leader whose group is incomplete (rank 0 among them) prints
+which of its ranks have not arrived at which phase, and aborts the job. Rank 0 waits a
+grace period longer for the other leaders (one may be the rank missing), then names
+those that never reported; any other rank that has waited a second grace period (rank
+0 itself may be the one missing) prints that it still waits and aborts the job itself.
+A stopped, hung or deadlocked rank thus ends the job with a message that names it
+instead of leaving the others waiting forever.
 
 Collective I/O inside a phase (the write) has its own deadline, :func:`io_deadline`: the
 same timeout plus a second per 100 MB this rank writes; a rank still inside it then
@@ -21,6 +26,7 @@ named from inside it).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -176,26 +182,57 @@ def await_everyone(comm: MPI.Comm, phase: str) -> None:
 
     notices = _notices(comm)
     arrived = time.monotonic()
+    grace = min(timeout, 30.0)
+    group = arrival_group(comm.rank, comm.size)
+    is_leader = comm.rank == group.start
     flag = np.zeros(1, dtype=np.uint8)
-    if comm.rank == 0:
-        inbox = np.zeros(comm.size, dtype=np.uint8)
-        sent = [notices.Irecv([inbox[r : r + 1], MPI.BYTE], source=r, tag=_ARRIVAL_TAG) for r in range(1, comm.size)]
-    else:
-        sent = [notices.Isend([flag, MPI.BYTE], dest=0, tag=_ARRIVAL_TAG)]
+    inbox = np.zeros(comm.size, dtype=np.uint8)
+    members = [r for r in group if r != comm.rank] if is_leader else []
+    leaders = list(range(len(group), comm.size, len(group))) if comm.rank == 0 else []
+    from_members = [notices.Irecv([inbox[r : r + 1], MPI.BYTE], source=r, tag=_ARRIVAL_TAG) for r in members]
+    from_leaders = [notices.Irecv([inbox[r : r + 1], MPI.BYTE], source=r, tag=_ARRIVAL_TAG) for r in leaders]
+    sent = [] if is_leader else [notices.Isend([flag, MPI.BYTE], dest=group.start, tag=_ARRIVAL_TAG)]
+    forward = is_leader and comm.rank != 0  # tell rank 0 once the whole group is here
     barrier = notices.Ibarrier()
     pause = 0.0
     while not barrier.Test():
         waited = time.monotonic() - arrived
-        if comm.rank == 0 and waited > timeout:
-            missing = [rank for rank, request in enumerate(sent, start=1) if not request.Test()]
+        if forward and MPI.Request.Testall(from_members):
+            sent.append(notices.Isend([flag, MPI.BYTE], dest=0, tag=_ARRIVAL_TAG))
+            forward = False
+        if members and waited > timeout and not MPI.Request.Testall(from_members):
+            missing = [rank for rank, request in zip(members, from_members) if not request.Test()]
             _abort_waiting(comm, phase, waited, f"rank(s) {', '.join(map(str, missing))} of {comm.size} have not "
                                                 "arrived; the others wait there")  # fmt: skip
-        if comm.rank != 0 and waited > timeout + min(timeout, 30.0):
+        if leaders and waited > timeout + grace:
+            silent = [rank for rank, request in zip(leaders, from_leaders) if not request.Test()]
+            _abort_waiting(comm, phase, waited, f"rank(s) {', '.join(map(str, silent))} of {comm.size} have not "
+                                                f"arrived{_unheard(silent, comm.size)}; the others wait there")  # fmt: skip
+        if comm.rank != 0 and waited > timeout + 2 * grace:
             _abort_waiting(comm, phase, waited, "not every rank has arrived and rank 0 has not reported who "
                                                 "(it may be the one missing)")  # fmt: skip
         time.sleep(pause)
         pause = min(_POLL_MAX, pause * 2 or 1e-5)
-    MPI.Request.Waitall(sent)
+    MPI.Request.Waitall(from_members)
+    if forward:
+        sent.append(notices.Isend([flag, MPI.BYTE], dest=0, tag=_ARRIVAL_TAG))
+    MPI.Request.Waitall([*sent, *from_leaders])
+
+
+def arrival_group(rank: int, size: int) -> range:
+    """The ranks whose arrival notices ``rank``'s group leader collects: ``ceil(sqrt(size))``
+    consecutive ranks (fewer in the last group), led by the first of them."""
+    width = math.isqrt(size - 1) + 1 if size > 1 else 1
+    start = rank // width * width
+    return range(start, min(start + width, size))
+
+
+def _unheard(leaders: list[int], size: int) -> str:
+    """What else a silent leader leaves unknown: the ranks it reports for."""
+    groups = [arrival_group(leader, size) for leader in leaders]
+    others = [f"{group.start + 1}-{group.stop - 1}" if len(group) > 2 else str(group.start + 1)
+              for group in groups if len(group) > 1]  # fmt: skip
+    return f" (nor reported for ranks {', '.join(others)})" if others else ""
 
 
 @contextmanager

@@ -59,7 +59,8 @@ ROWS = 8  # rows of each distributed leaf per rank
 MODEL = """\
 collectives, per rank (P ranks, tree or recursive-doubling algorithms):
   every phase      allreduce of 1 integer: 2 log2(P) messages of 8 B; the watchdog's arrival
-                   notices: each rank sends rank 0 one byte, rank 0 receives P - 1 of them
+                   notices: each rank sends its group's leader one byte (groups of ceil(sqrt P)
+                   ranks), each leader sends rank 0 one: at most 2 sqrt(P) received by any rank
   first save       gather of the plans to rank 0 (rank 0 receives P), then a scatter:
                    rank 0 sends each rank its part of the layout, P - 1 messages
   later save       allreduce of 7 integers: 2 log2(P) messages of 56 B (and the watchdog's notices)

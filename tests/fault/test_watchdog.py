@@ -47,6 +47,20 @@ def test_a_stopped_rank_0_is_reported_by_the_others(tmp_path):
     assert reports, stderr[-3000:]
 
 
+@pytest.mark.parametrize(("stopped", "reporter", "named"), [
+    ("3", "2", "rank(s) 3 of 4 have not arrived"),
+    ("2", "0", "rank(s) 2 of 4 have not arrived (nor reported for ranks 3)"),
+])  # fmt: skip
+def test_a_stopped_rank_of_another_group_is_named_by_its_leader_or_by_rank_0(tmp_path, stopped, reporter, named):
+    """At 4 ranks the arrival notices travel in two groups, ranks 0-1 and 2-3: rank 2
+    collects its group's and names a stopped rank 3; rank 0 names rank 2 when that
+    leader itself never reports (it cannot tell whether rank 3 arrived)."""
+    stderr = stopped_job_stderr(tmp_path, f"save.sync:{stopped}:stop:2", "posix", ranks=4)
+    reports = re.findall(r"hpckpt: phase 'save step 20: sync': (.*?); the others wait there after \d+ s "
+                         r"\(rank (\d) on ", stderr)  # fmt: skip
+    assert reports == [(named, reporter)], stderr[-3000:]
+
+
 def test_a_rank_stopped_while_restoring_is_named(tmp_path):
     run_dir = tmp_path / "run"
     assert run(heat_command(3, run_dir, "--backend", "posix", iters=20)).returncode == 0
@@ -80,16 +94,17 @@ def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
     assert reports, stderr[-3000:]
 
 
-def stopped_job_stderr(tmp_path, fault: str, backend: str) -> str:
-    """The stderr of a 3-rank heat job with ``fault`` (``POINT:RANK:stop:NTH``), after
-    checking the fault log shows it landed. mpiexec ends the stopped rank when rank 0
-    aborts the job, and waits for it when another rank does: the job is then killed
-    after twice the deadline and ten seconds, and its output read all the same."""
+def stopped_job_stderr(tmp_path, fault: str, backend: str, ranks: int = 3) -> str:
+    """The stderr of a heat job with ``fault`` (``POINT:RANK:stop:NTH``), after checking
+    the fault log shows it landed. mpiexec ends the stopped rank when rank 0 aborts the
+    job, and waits for it when another rank does (they abort after the deadline and two
+    grace periods as long): the job is then killed after three deadlines and ten
+    seconds, and its output read all the same."""
     log = tmp_path / "faults.log"
     env = {**os.environ, "HPCKPT_FAULT": fault, "HPCKPT_FAULT_LOG": str(log), "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}
     try:
-        stderr = run_group(heat_command(3, tmp_path / "run", "--backend", backend, iters=60),
-                           timeout=2 * DEADLINE + 10, env=env).stderr  # fmt: skip
+        stderr = run_group(heat_command(ranks, tmp_path / "run", "--backend", backend, iters=60),
+                           timeout=3 * DEADLINE + 10, env=env).stderr  # fmt: skip
     except subprocess.TimeoutExpired as stuck:
         stderr = stuck.stderr
     assert log.read_text().split()[:4] == fault.split(":")
