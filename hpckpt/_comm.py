@@ -52,6 +52,7 @@ _ARRIVAL_TAG = 0x6870
 _POLL_MAX = 0.001  # s between tests of the barrier, at most: a late wake-up delays every phase
 IO_FLOOR_BANDWIDTH = 100e6  # bytes/s: collective I/O slower than this, past the timeout, counts as hung
 _notices_keyval: int | None = None
+_groups_keyval: int | None = None
 
 
 def describe_failure(exc: BaseException, rank: int) -> str:
@@ -92,6 +93,23 @@ def share_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int =
     """Like :func:`run_phase`, and return ``root``'s result on every rank (a broadcast:
     logarithmic, where gathering every rank's result grows with the ranks). Collective."""
     return comm.bcast(_agree(comm, phase, action), root=root)
+
+
+def gather_in_groups(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> list[T] | None:
+    """Like :func:`gather_phase`, to the leader of each arrival group
+    (:func:`arrival_group`) instead of rank 0: a leader gets its group's results in rank
+    order (about sqrt(P) of them), the others None. Collective over ``comm``, whose ranks
+    all agree on the phase."""
+    return _groups(comm)[0].gather(_agree(comm, phase, action), root=0)
+
+
+def gather_from_leaders(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> list[T] | None:
+    """Like :func:`run_phase`, and return the results of the arrival groups' leaders,
+    in rank order, on rank 0 (about sqrt(P) of them); the others get None. Collective
+    over ``comm``: every rank runs ``action`` (a non-leader's result is dropped)."""
+    result = _agree(comm, phase, action)
+    leaders = _groups(comm)[1]
+    return None if leaders is None else leaders.gather(result, root=0)
 
 
 def scatter_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[T] | None], root: int = 0) -> T:
@@ -155,6 +173,35 @@ def prepare_watchdog(comm: MPI.Comm) -> None:
     """
     if comm.size > 1:
         _notices(comm)
+        _groups(comm)
+
+
+def _groups(comm: MPI.Comm) -> tuple[MPI.Comm, MPI.Comm | None]:
+    """This rank's arrival group as a communicator (its leader is rank 0 there) and, on
+    the leaders, the leaders' communicator (``comm``'s rank 0 first; None elsewhere).
+    Made at the first call, which is collective over ``comm``; cached on ``comm`` and
+    freed with it."""
+    from mpi4py import MPI
+
+    global _groups_keyval
+    if _groups_keyval is None:
+        _groups_keyval = MPI.Comm.Create_keyval(delete_fn=_free_groups)
+    cached = comm.Get_attr(_groups_keyval)
+    if cached is not None:
+        return cast("tuple[MPI.Comm, MPI.Comm | None]", cached)
+    group = arrival_group(comm.rank, comm.size)
+    leader = comm.rank == group.start
+    members = comm.Split(group.start, comm.rank)
+    leaders = comm.Split(0 if leader else MPI.UNDEFINED, comm.rank)
+    made = (members, leaders if leader else None)
+    comm.Set_attr(_groups_keyval, made)
+    return made
+
+
+def _free_groups(_comm: MPI.Comm, _keyval: int, made: tuple[MPI.Comm, MPI.Comm | None]) -> None:
+    for made_comm in made:
+        if made_comm is not None:
+            made_comm.Free()
 
 
 def _notices(comm: MPI.Comm) -> MPI.Comm:

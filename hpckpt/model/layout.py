@@ -273,7 +273,9 @@ def _merge_leaf(per_rank: list[tuple[int, LeafPlan]], complete: bool) -> LeafRec
 
 
 def fill_checksums(
-    records: Sequence[LeafRecord], per_rank: Sequence[Mapping[str, str]], chunks: Mapping[str, Sequence[str]]
+    records: Sequence[LeafRecord],
+    per_rank: Sequence[Mapping[str, str]] | Mapping[int, Mapping[str, str]],
+    chunks: Mapping[str, Sequence[str]],
 ) -> tuple[LeafRecord, ...]:
     """``records`` with each block's checksum replaced by its rank's report
     (``per_rank[rank][path]``: every checksum of its blocks, :data:`LATER` ones

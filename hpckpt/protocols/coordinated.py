@@ -18,7 +18,11 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
    with a clear message, since the others may be waiting inside collective I/O.
 4. ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes
    until then) and reports to rank 0 its sizes and its blocks' checksums (those of a
-   helper thread since the write began, and those known at planning).
+   helper thread since the write began, and those known at planning). From
+   :func:`manifest_shard_ranks` ranks on (full saves only), the reports go to the
+   leaders of groups of about sqrt(P) ranks instead (:func:`~hpckpt._comm.arrival_group`),
+   and ``shard``: each leader writes its ranks' blocks into a shard of the manifest and
+   makes it durable, then sends rank 0 only the sizes and the shard's name and checksum.
 5. ``commit``: rank 0 records the largest sizes, builds and writes the manifest last
    and renames the step into place; then ``retain`` deletes old steps (only after a
    successful commit).
@@ -26,20 +30,25 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._comm import (
     abort_job,
+    arrival_group,
     await_everyone,
     describe_failure,
+    gather_from_leaders,
+    gather_in_groups,
     gather_phase,
     io_deadline,
     run_phase,
@@ -51,7 +60,7 @@ from .._hooks import point
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.device import STAGER, HostCopy, is_device_array
 from ..buffers.host import AlignedPool, aligned_empty, as_host_array
-from ..checksum import ALGORITHM, block_checksum, pieces_checksum
+from ..checksum import ALGORITHM, block_checksum, pieces_checksum, text_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.boxes import Box
 from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
@@ -70,10 +79,11 @@ from ..model.layout import (
     replicated_chunks,
 )
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
-from ..model.manifest import PACK_PATH, LeafRecord, Manifest
+from ..model.manifest import PACK_PATH, Block, LeafRecord, Manifest, Shard, shard_json
 from ..model.tree import Slot, flatten
 from ..storage.base import Annotations, Backend, BlockData, Encoded
-from ..storage.commit import RunDirectory, merge_sizes, sync_files
+from ..storage.commit import RunDirectory, merge_sizes, sync_directory, sync_files, write_durably
+from ..storage.names import shard_name
 from ..storage.retention import RetentionPolicy, retain
 
 if TYPE_CHECKING:
@@ -82,6 +92,20 @@ if TYPE_CHECKING:
 # The packs of small leaves are built in buffers kept from save to save: a new 160 MiB
 # pack's first touch cost more than its copy (buffers/host.py).
 PACK_BUFFERS = AlignedPool(keep=2)
+SHARD_RANKS_ENV = "HPCKPT_MANIFEST_SHARD_RANKS"
+DEFAULT_SHARD_RANKS = 1024  # a manifest of 1024 ranks x 20 leaves is about 1.3 MB
+
+
+def manifest_shard_ranks() -> int:
+    """The rank count from which a full save writes its manifest in shards
+    (``HPCKPT_MANIFEST_SHARD_RANKS``, default :data:`DEFAULT_SHARD_RANKS`); ValueError
+    naming the variable when it is not an integer >= 1. Every rank must see the same."""
+    text = os.environ.get(SHARD_RANKS_ENV, "")
+    if not text:
+        return DEFAULT_SHARD_RANKS
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{SHARD_RANKS_ENV}={text!r}: expected a rank count >= 1")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -320,6 +344,7 @@ def save_coordinated(
     seconds: dict[str, float] = {}
     staged: dict[str, np.ndarray] = {}
     delta_planned = incremental >= 2 or base is not None  # a delta compares checksums in the plan
+    sharded = not delta_planned and comm.size >= manifest_shard_ranks()  # rank 0 then never sees the blocks' checksums
     deferred: dict[str, np.ndarray] = {}
     lent: list[np.ndarray] = []  # this rank's pack buffer, given back once written and checksummed
 
@@ -392,21 +417,40 @@ def save_coordinated(
         point("save.sync")
         return sync_files(temp, backend.written_files(files, rank, comm.size)), {**own_checksums(rank_plan), **checksums.result()}
 
-    synced = timed("sync", sync, gather_phase)  # to rank 0, which alone writes the manifest
-    PACK_BUFFERS.give_back(lent)  # a failed save leaves its pack buffer to the garbage collector
+    shards: list[Shard] = []
+    synced: list[tuple[dict[str, int], dict[str, str]]]  # on rank 0: sizes, and checksums unless sharded
+    if sharded:  # the blocks go to the groups' leaders, each writing a shard of the manifest
+        reports = timed("sync", lambda: own_report(sync(), own_blocks, rank, chunk_checksums(rank_plan)), gather_in_groups)
+        PACK_BUFFERS.give_back(lent)
+
+        def shard() -> tuple[dict[str, int], Shard] | None:
+            point("save.shard")
+            return write_shard(temp, step, arrival_group(rank, comm.size), reports) if reports else None
+
+        written_shards = timed("shard", shard, gather_from_leaders)
+        synced = [(sizes, {}) for sizes, _ in written_shards or ()]
+        shards = [shard for _, shard in written_shards or ()]
+    else:
+        synced = timed("sync", sync, gather_phase)  # to rank 0, which alone writes the manifest
+        PACK_BUFFERS.give_back(lent)  # a failed save leaves its pack buffer to the garbage collector
 
     def commit() -> None:
         point("save.commit")
         if rank != 0:
             return
-        filled = records if delta_planned else fill_checksums(records, [sums for _, sums in synced], chunk_checksums(rank_plan))
+        if shards:
+            leaves = tuple(replace(record, blocks=()) for record in records)  # their blocks are in the shards
+        else:
+            per_rank = [sums for _, sums in synced]
+            filled = records if delta_planned else fill_checksums(records, per_rank, chunk_checksums(rank_plan))
+            leaves = compose(merged, filled, delta)
         manifest = Manifest(
             step=step,
             protocol=protocol,
             backend=backend.name,
             world_size=comm.size,
             checksum_algorithm=ALGORITHM,
-            leaves=compose(merged, filled, delta),
+            leaves=leaves,
             values=values,
             created=created,
             committed=time.time(),
@@ -417,6 +461,7 @@ def save_coordinated(
             delta_chain=delta.chain if delta is not None and delta.reused else 0,
             lists=rank_plan.lists,
             dims=dims,
+            shards=tuple(shards),
         )
         run_dir.commit(manifest, merge_sizes(sizes for sizes, _ in synced))
 
@@ -431,6 +476,34 @@ def save_coordinated(
     local_bytes = sum(array.nbytes for array in staged.values())
     written = sum(data.array.nbytes for data in own_blocks)
     return SaveReport(step, local_bytes, seconds, tuple(deleted), written, agreed is None)
+
+
+def own_report(
+    synced: tuple[dict[str, int], dict[str, str]], own_blocks: Sequence[BlockData], rank: int, chunks: Mapping[str, Sequence[str]]
+) -> tuple[dict[str, int], dict[str, Block]]:
+    """What this rank sends its group's leader after its sync: the sizes it saw, and its
+    blocks by leaf path with their checksums (from ``synced``'s, or a replicated leaf's
+    ``chunks``). Not collective."""
+    sizes, checksums = synced
+    own = [replace(data.record, blocks=(data.block,)) for data in own_blocks]
+    return sizes, {record.path: record.blocks[0] for record in fill_checksums(own, {rank: checksums}, chunks)}
+
+
+def write_shard(
+    directory: Path, step: int, group: range, reports: Sequence[tuple[dict[str, int], dict[str, Block]]]
+) -> tuple[dict[str, int], Shard]:
+    """Write, durably, the shard of step ``step``'s manifest with the blocks of ``group``'s
+    ranks (their :func:`own_report`, in rank order) into ``directory``; return the largest
+    size each of their files had, and the shard. Not collective: a group's leader."""
+    blocks: dict[str, list[Block]] = {}
+    for _, own in reports:
+        for path, block in own.items():
+            blocks.setdefault(path, []).append(block)
+    name = shard_name(group.start)
+    text = shard_json(step, group.start, group.stop, blocks)
+    write_durably(directory / name, text)
+    sync_directory(directory)  # the new entry, through this node: another node commits
+    return merge_sizes(sizes for sizes, _ in reports), Shard(name, group.start, group.stop, text_checksum(text))
 
 
 @dataclass(frozen=True)

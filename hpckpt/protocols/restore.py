@@ -176,7 +176,7 @@ def restore_newest(
     for step in reversed(steps):
         source = str(run_dir.manifest_path(step))
         whole = run_phase(
-            comm, f"restore step {step}: manifest", lambda: _parsed(run_dir, step, source) if comm.rank == 0 else None
+            comm, f"restore step {step}: manifest", lambda: _parsed(run_dir, step) if comm.rank == 0 else None
         )
         writers = comm.bcast(whole.world_size if isinstance(whole, Manifest) else whole, root=0)  # or why it is unreadable
         if isinstance(writers, CorruptCheckpointError):
@@ -244,12 +244,10 @@ def _same_kind(fresh: np.ndarray, original: Any, path: str) -> Any:
     return STAGER.new_device_array(restored, original, path) if is_device_array(original) else restored
 
 
-def _parsed(run_dir: RunDirectory, step: int, source: str) -> Manifest | CorruptCheckpointError:
+def _parsed(run_dir: RunDirectory, step: int) -> Manifest | CorruptCheckpointError:
     """``step``'s manifest, or why it cannot be read (rank 0)."""
     try:
-        return Manifest.from_json(run_dir.read_manifest(step), source)
-    except (OSError, UnicodeDecodeError) as exc:
-        return CorruptCheckpointError(f"{source}: cannot read the manifest: {exc}")
+        return run_dir.manifest(step)
     except CorruptCheckpointError as exc:
         return exc
 

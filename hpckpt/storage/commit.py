@@ -99,6 +99,22 @@ def sync_files(directory: Path, names: Iterable[str]) -> dict[str, int]:
     return sizes
 
 
+def write_durably(path: Path, text: str) -> None:
+    """Write ``text`` to the new file ``path`` and fsync it. Not collective. (The directory
+    entry is made durable by an fsync of the directory: the commit's, or the writer's
+    own through :func:`sync_directory` when another node commits.)"""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    with open(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def sync_directory(path: Path) -> None:
+    """Fsync the directory ``path`` (the entries this node created in it). Not collective."""
+    _fsync_path(path)
+
+
 def merge_sizes(per_rank: Iterable[Mapping[str, int]]) -> dict[str, int]:
     """Each file's committed size: the largest any writer saw after its own fsync."""
     merged: dict[str, int] = {}
@@ -251,12 +267,7 @@ class RunDirectory:
         checksums: dict[str, str | None] = {name: file_checksum(temp / name) for name in manifest.file_checksums}
         manifest = replace(manifest, files=sizes, file_checksums=checksums)
         point("commit.manifest")
-        manifest_file = temp / MANIFEST_NAME
-        descriptor = os.open(manifest_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-        with open(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(manifest.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_durably(temp / MANIFEST_NAME, manifest.to_json())
         point("commit.fsync")
         _fsync_path(temp)
         final = self.step_path(step)
@@ -285,13 +296,14 @@ class RunDirectory:
         return [other for other in self.committed_steps() if other != step and step in self.references(other)]
 
     def manifest(self, step: int) -> Manifest:
-        """The parsed manifest of committed step ``step``; CorruptCheckpointError if unusable."""
+        """The parsed manifest of committed step ``step`` (its shards read too);
+        CorruptCheckpointError if unusable."""
         path = self.manifest_path(step)
         try:
             text = self.read_manifest(step)
         except (OSError, UnicodeDecodeError) as exc:
             raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
-        return Manifest.from_json(text, str(path))
+        return Manifest.from_json(text, str(path), lambda name: (self.step_path(step) / name).read_text(encoding="utf-8"))
 
     def read_manifest(self, step: int) -> str:
         """The text of committed step ``step``'s manifest."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 MANIFEST_NAME = "manifest.json"
+_SHARD_NAME = re.compile(r"^manifest-shard-\d{5,}\.json$")
 TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
 _STEP_ENTRY = re.compile(r"^step-(\d{8,})(\.tmp|\.deleting|\.replaced)?$")
 
@@ -60,3 +61,13 @@ def committed_steps(directory: Path) -> list[int]:
 def rank_name(rank: int) -> str:
     """``rank-RRRRR``: a rank's own directory (uncoordinated steps, node-local levels)."""
     return f"rank-{rank:05d}"
+
+
+def shard_name(index: int) -> str:
+    """``manifest-shard-NNNNN.json``: the file of a sharded manifest's ``index``-th shard."""
+    return f"manifest-shard-{index:05d}.json"
+
+
+def is_manifest_file(name: str) -> bool:
+    """Whether ``name`` (an entry of a step directory) is its manifest or one of its shards."""
+    return name == MANIFEST_NAME or _SHARD_NAME.match(name) is not None

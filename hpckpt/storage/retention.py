@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .._hooks import point
 from .commit import DIRECTORY_MODE, RECYCLE_NAME, RunDirectory
-from .names import MANIFEST_NAME, step_entries, step_name
+from .names import is_manifest_file, step_entries, step_name
 
 
 class RetentionPolicy(Protocol):
@@ -106,8 +106,9 @@ def retain(run_dir: RunDirectory, policies: Sequence[RetentionPolicy], *, recycl
 
 
 def _keep_files_of(step_dir: Path, recycle_dir: Path) -> None:
-    """Move the data files and directories of a deleted step into ``recycle_dir``."""
+    """Move the data files and directories of a deleted step into ``recycle_dir`` (not its
+    manifest or manifest shards, which the next save writes anew)."""
     recycle_dir.mkdir(mode=DIRECTORY_MODE)
     for entry in os.scandir(step_dir):
-        if not entry.is_symlink() and entry.name != MANIFEST_NAME:
+        if not entry.is_symlink() and not is_manifest_file(entry.name):
             os.replace(entry.path, recycle_dir / entry.name)

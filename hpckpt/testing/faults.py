@@ -17,7 +17,8 @@ Slurm can then finish the job; a ULFM replacement process sets
 it too, so the rank it replaces does not fail again. Counting restarts whenever the
 variable's value changes. Points: ``save.plan``, ``save.write``, ``save.collective_io``
 (inside the write's deadline, after every rank arrived where the backend writes
-collectively, just before the library's write), ``save.sync``,
+collectively, just before the library's write), ``save.sync``, ``save.shard``
+(every rank, before a group's leader writes its shard of a sharded manifest),
 ``save.commit``; inside rank 0's commit ``commit.manifest`` (the data durable, before the
 manifest is written), ``commit.fsync`` (manifest written, before the directory's
 fsync), ``commit.rename`` (before the rename into place), ``commit.renamed`` (after it,

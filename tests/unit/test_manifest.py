@@ -7,8 +7,10 @@ from dataclasses import replace
 import pytest
 
 from hpckpt import CorruptCheckpointError
+from hpckpt.checksum import text_checksum
 from hpckpt.model.delta import referenced_steps
-from hpckpt.model.manifest import CHECKSUM_KEY, Block, LeafRecord, Manifest
+from hpckpt.model.manifest import CHECKSUM_KEY, Block, LeafRecord, Manifest, Shard, shard_json
+from hpckpt.storage.names import shard_name
 
 
 def make_manifest() -> Manifest:
@@ -93,7 +95,7 @@ def test_block_of_rank():
     [
         ("{", "m.json: not a valid hpckpt manifest: Expecting property name"),
         ('{"format": "other"}', "format is 'other', expected 'hpckpt-manifest'"),
-        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2, 3, 4)"),
+        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2, 3, 4, 5)"),
         ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'step'"),
     ],
 )
@@ -244,3 +246,80 @@ def test_references_to_other_steps_are_validated(change, problem):
         body.update(change)
     with pytest.raises(CorruptCheckpointError, match=re.escape(problem)):
         Manifest.from_json(json.dumps(body), "m.json")
+
+
+def sharded_files(manifest: Manifest) -> dict[str, str]:
+    """``manifest`` written sharded as a save of two groups writes it: rank 0's blocks in
+    one shard, rank 1's in the other, and manifest.json without blocks."""
+    files = {}
+    for first in (0, 1):
+        blocks = {record.path: [block for block in record.blocks if block.rank == first] for record in manifest.leaves}
+        files[shard_name(first)] = shard_json(manifest.step, first, first + 1, blocks)
+    shards = tuple(Shard(name, first, first + 1, text_checksum(text)) for first, (name, text) in enumerate(files.items()))
+    files["manifest.json"] = replace(manifest, leaves=tuple(replace(r, blocks=()) for r in manifest.leaves), shards=shards).to_json()
+    return files
+
+
+def read_sharded(files: dict[str, str]) -> Manifest:
+    def read_shard(name: str) -> str:
+        if name not in files:
+            raise FileNotFoundError(2, "No such file or directory", name)
+        return files[name]
+
+    return Manifest.from_json(files["manifest.json"], "m.json", read_shard)
+
+
+def test_a_sharded_manifest_reads_back_every_block_in_rank_order():
+    files = sharded_files(make_manifest())
+    body = json.loads(files["manifest.json"])
+    assert body["version"] == 5 and all(leaf["blocks"] == [] for leaf in body["leaves"])
+    read = read_sharded(files)
+    assert read.leaves == make_manifest().leaves and [shard.file for shard in read.shards] == list(files)[:2]
+
+
+def change_shard(files: dict[str, str], name: str, change) -> dict[str, str]:
+    """``files`` with shard ``name``'s body changed by ``change`` and its checksums (its own,
+    and the manifest's record of it) made to match, as a buggy writer would leave them."""
+    body = json.loads(files[name])
+    del body[CHECKSUM_KEY]
+    change(body)
+    text = json.dumps(body)
+    top = json.loads(files["manifest.json"])
+    del top[CHECKSUM_KEY]
+    next(shard for shard in top["shards"] if shard["file"] == name)["checksum"] = text_checksum(text)
+    return {**files, name: text, "manifest.json": json.dumps(top)}
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda files: {**files, "manifest-shard-00001.json": files["manifest-shard-00001.json"].replace('"rank":1', '"rank":0')},
+     "shard manifest-shard-00001.json does not match the checksum"),
+    (lambda files: {name: text for name, text in files.items() if name != "manifest-shard-00000.json"},
+     "shard manifest-shard-00000.json cannot be read: .*No such file"),
+    (lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body.update(step=6)),
+     "shard manifest-shard-00001.json is not the shard of ranks 1-1 of step 7"),
+    (lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body["blocks"]["rng"][0].update(rank=0)),
+     "shard manifest-shard-00001.json has a block of 'rng' of a rank it does not hold"),
+    (lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body["blocks"].update(other=[])),
+     "shard manifest-shard-00001.json has blocks of 'other', which is not a leaf of the step"),
+])  # fmt: skip
+def test_a_damaged_or_missing_shard_is_corrupt_and_named(damage, message):
+    with pytest.raises(CorruptCheckpointError, match=f"^m.json: not a valid hpckpt manifest: {message}"):
+        read_sharded(damage(sharded_files(make_manifest())))
+
+
+def test_shards_must_hold_every_rank_and_blocks_only_there():
+    files = sharded_files(make_manifest())
+    top = json.loads(files["manifest.json"])
+    del top[CHECKSUM_KEY]
+    for change, message in [
+        (lambda body: body["shards"].pop(), "its shards do not hold the blocks of all 2 ranks"),
+        (lambda body: body["shards"].reverse(), "shard manifest-shard-00001.json holds ranks 1-1, not the next ones"),
+        (lambda body: body["leaves"][0]["blocks"].append({}), "leaf 'field' lists blocks, but a sharded manifest"),
+        (lambda body: body.update(version=4), "shards in a manifest of version 4, not 5"),
+    ]:
+        body = json.loads(json.dumps(top))
+        change(body)
+        with pytest.raises(CorruptCheckpointError, match=re.escape(message)):
+            read_sharded({**files, "manifest.json": json.dumps(body)})
+    with pytest.raises(CorruptCheckpointError, match="it is sharded, and its shards were not given to read"):
+        Manifest.from_json(files["manifest.json"], "m.json")

@@ -1,0 +1,93 @@
+"""From ``HPCKPT_MANIFEST_SHARD_RANKS`` ranks on (2 here), a full save's manifest is
+sharded: each arrival group's leader writes its ranks' blocks into a shard, rank 0 the
+manifest without them. The blocks must be exactly those of an unsharded save, every
+backend must restore them bit for bit, on the same and on other rank counts, and a
+damaged shard must make the step fall back like a damaged manifest."""
+
+import json
+import warnings
+
+import pytest
+
+import hpckpt
+from hpckpt._comm import arrival_group
+from hpckpt.catalog import CheckpointReader
+
+from .test_conformance import assert_same, make_state
+from .test_rank_change import test_restore_on_another_number_of_ranks as restore_on_another_number_of_ranks
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+
+@pytest.fixture
+def sharded(monkeypatch):
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+
+
+def save_two_steps(world, run_dir, backend) -> list[bool]:
+    """Steps 1 and 2 of make_state, restored bit for bit; whether each gathered the plans."""
+    gathered = []
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=3, **backend) as checkpointer:
+        for seed in (1, 2):
+            checkpointer.save(seed, make_state(world, seed))
+            gathered.append(checkpointer.last_save.plans_gathered)
+        restored = make_state(world, 0)
+        assert checkpointer.restore(restored) == 2
+        assert_same(make_state(world, 2), restored)
+    world.Barrier()
+    return gathered
+
+
+def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(world, mpi_tmp_path, backend, monkeypatch):
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+    gathered = save_two_steps(world, mpi_tmp_path / "sharded", backend)
+    assert gathered[0] and gathered[1] == ("compression" in backend.get("backend_options", {}))  # a layout reused, too
+    monkeypatch.delenv("HPCKPT_MANIFEST_SHARD_RANKS")
+    save_two_steps(world, mpi_tmp_path / "whole", backend)
+    if world.rank != 0:
+        return
+    step_dir = mpi_tmp_path / "sharded" / "step-00000002"
+    top = json.loads((step_dir / "manifest.json").read_text())
+    leaders = sorted({arrival_group(rank, world.size).start for rank in range(world.size)})
+    assert top["version"] == 5 and all(leaf["blocks"] == [] for leaf in top["leaves"])
+    assert [(shard["file"], shard["ranks"]) for shard in top["shards"]] == [
+        (f"manifest-shard-{first:05d}.json", [first, arrival_group(first, world.size).stop]) for first in leaders
+    ]
+    for shard in top["shards"]:
+        content = json.loads((step_dir / shard["file"]).read_text())
+        ranks = {block["rank"] for blocks in content["blocks"].values() for block in blocks}
+        assert ranks == set(range(*shard["ranks"])), shard  # every rank of the group wrote some block
+    sharded, whole = CheckpointReader(mpi_tmp_path / "sharded"), CheckpointReader(mpi_tmp_path / "whole")
+    assert sharded.verify(2) == [] and sharded.verify(1) == []
+    assert sharded.manifest(2).leaves == whole.manifest(2).leaves
+    assert not json.loads((mpi_tmp_path / "whole" / "step-00000002" / "manifest.json").read_text()).get("shards")
+
+
+@pytest.mark.parametrize(("writers", "readers"), [(4, 3), (3, 4)])
+def test_a_sharded_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers, sharded):
+    if world.size < max(writers, readers):
+        pytest.skip(f"needs {max(writers, readers)} ranks")
+    restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers)
+
+
+@pytest.mark.parametrize("how", ["changed", "missing"])
+def test_a_damaged_shard_makes_the_step_fall_back(world, mpi_tmp_path, sharded, how):
+    run_dir = mpi_tmp_path / how
+    save_two_steps(world, run_dir, {"backend": "posix"})
+    last = run_dir / "step-00000002" / f"manifest-shard-{arrival_group(world.size - 1, world.size).start:05d}.json"
+    if world.rank == 0:
+        if how == "changed":
+            last.write_text(last.read_text().replace('"rank":', '"rank": ', 1))
+        else:
+            last.unlink()
+    world.Barrier()
+    restored = make_state(world, 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
+            assert checkpointer.restore(restored) == 1
+    assert_same(make_state(world, 1), restored)
+    messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
+    assert len(messages) == 1 and messages[0].endswith("falling back to step 1"), messages
+    problem = "does not match the checksum" if how == "changed" else "cannot be read"
+    assert f"shard {last.name} {problem}" in messages[0], messages[0]
