@@ -256,7 +256,8 @@ def sharded_files(manifest: Manifest) -> dict[str, str]:
         blocks = {record.path: [block for block in record.blocks if block.rank == first] for record in manifest.leaves}
         files[shard_name(first)] = shard_json(manifest.step, first, first + 1, blocks)
     shards = tuple(Shard(name, first, first + 1, text_checksum(text)) for first, (name, text) in enumerate(files.items()))
-    files["manifest.json"] = replace(manifest, leaves=tuple(replace(r, blocks=()) for r in manifest.leaves), shards=shards).to_json()
+    without_blocks = tuple(replace(record, blocks=()) for record in manifest.leaves)
+    files["manifest.json"] = replace(manifest, leaves=without_blocks, shards=shards).to_json()
     return files
 
 
