@@ -85,13 +85,31 @@ if SOAK:  # collected only for `make soak`
         power_loss_trial(lab, heat_reference, *case, seed=10_000 + trial)
 
 
-def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking: bool, keep: int, seed: int) -> None:
-    point, rank, nth = fault_of(seed, protocol, keep)
+SHARDED = {"HPCKPT_MANIFEST_SHARD_RANKS": "2"}  # shards of ranks 0-1 (written on node1) and 2-3 (by rank 2, on node2)
+
+
+@pytest.mark.parametrize("backend, blocking", [("hdf5", True), ("adios2", True), ("posix", True), ("posix", False)])
+def test_sharded_manifests_survive_a_power_loss(lab, heat_reference, backend, blocking):
+    """Rank 2, the leader of node2's ranks, stops before writing its shard of the third
+    save; the two committed steps' second shards went through node2's cache only."""
+    steps = power_loss_trial(lab, heat_reference, backend, "coordinated", blocking, 100, 0, ("save.shard", 2, 3), SHARDED)
+    reader = CheckpointReader(lab.disk / "ckpt")
+    assert steps == [10, 20] and all(
+        [shard.file for shard in reader.manifest(step).shards] == ["manifest-shard-00000.json", "manifest-shard-00002.json"]
+        for step in steps
+    )
+
+
+def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking: bool, keep: int, seed: int,
+                     fault: tuple[str, int, int] | None = None, env: dict[str, str] | None = None) -> list[int]:  # fmt: skip
+    """One trial (see the module docstring), with a seeded ``fault`` unless one is given;
+    the steps committed before the fault (of rank 0's directory when uncoordinated)."""
+    point, rank, nth = fault or fault_of(seed, protocol, keep)
     options = ["--backend", backend, "--protocol", protocol, "--keep", str(keep)] + ([] if blocking else ["--async"])
     log = lab.root / "faults.log"
     job = lab.start(
         lab.mpiexec(heat("ckpt", *options)),
-        env={"HPCKPT_FAULT": f"{point}:{rank}:stop:{nth}", "HPCKPT_FAULT_LOG": str(log)},
+        env={**(env or {}), "HPCKPT_FAULT": f"{point}:{rank}:stop:{nth}", "HPCKPT_FAULT_LOG": str(log)},
     )
     stopped = job.wait_stopped()
     assert (stopped.rank, stopped.node) == (rank, f"node{rank // 2 + 1}")
@@ -113,12 +131,13 @@ def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking:
         for step in after[key]:
             assert reader.verify(step) == [], f"committed step {step} of {path} is damaged after the power loss"
 
-    relaunch = lab.run(lab.mpiexec(heat("ckpt", *options)))
+    relaunch = lab.run(lab.mpiexec(heat("ckpt", *options)), env=env)
     result = Finished(relaunch.returncode, relaunch.stdout, relaunch.stderr)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == expected_resume(after, protocol)
     assert "CheckpointFallbackWarning" not in result.stderr
     assert result.checksum == heat_reference
+    return next(iter(before.values()))
 
 
 @pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
