@@ -112,6 +112,20 @@ def gather_from_leaders(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> 
     return None if leaders is None else leaders.gather(result, root=0)
 
 
+def scatter_in_groups(comm: MPI.Comm, phase: str, action: Callable[[], list[T] | None]) -> T:
+    """Like :func:`scatter_phase`, from the leader of each arrival group: a leader's
+    ``action`` returns one result per rank of its group (the others' return None), and
+    each rank gets its own. Collective over ``comm``, whose ranks all agree on the phase."""
+    return _groups(comm)[0].scatter(_agree(comm, phase, action), root=0)
+
+
+def share_with_leaders(comm: MPI.Comm, value: T) -> T | None:
+    """Rank 0's ``value`` on every arrival group's leader (a broadcast among them), None
+    on the other ranks. Collective over ``comm``; an agreed phase has made ``value``."""
+    leaders = _groups(comm)[1]
+    return None if leaders is None else leaders.bcast(value, root=0)
+
+
 def scatter_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[T] | None], root: int = 0) -> T:
     """Like :func:`run_phase`; ``root``'s ``action`` returns one result per rank (the
     others' return None), and each rank gets its own. Collective over ``comm``."""

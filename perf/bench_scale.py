@@ -42,17 +42,33 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hpckpt._comm import arrival_group
+from hpckpt._gc import collection_paused
+from hpckpt.checksum import text_checksum
 from hpckpt.model.boxes import check_tiling
-from hpckpt.model.layout import AgreedLayout, LeafPlan, RankPlan, fill_checksums, merge_plans, plan_digests
-from hpckpt.model.manifest import Manifest
-from hpckpt.model.reads import BlockIndex, ReadRequest, manifest_part
+from hpckpt.model.layout import (
+    AgreedLayout,
+    LeafPlan,
+    RankPlan,
+    fill_checksums,
+    merge_plans,
+    plan_digests,
+    records_by_rank,
+)
+from hpckpt.model.manifest import Block, LeafRecord, Manifest, Shard, shard_bounds, shard_json
+from hpckpt.model.reads import BlockIndex, ReadRequest, manifest_part, shards_for
+from hpckpt.protocols.coordinated import own_report
+from hpckpt.storage.base import BlockData
 from hpckpt.storage.bp5 import ADIOS2Backend
+from hpckpt.storage.commit import merge_sizes
 from hpckpt.storage.hdf5 import HDF5Backend
+from hpckpt.storage.names import shard_name
 from hpckpt.storage.posix import PosixBackend
 
 ROWS = 8  # rows of each distributed leaf per rank
@@ -64,7 +80,10 @@ collectives, per rank (P ranks, tree or recursive-doubling algorithms):
   first save       gather of the plans to rank 0 (rank 0 receives P), then a scatter:
                    rank 0 sends each rank its part of the layout, P - 1 messages
   later save       allreduce of 7 integers: 2 log2(P) messages of 56 B (and the watchdog's notices)
-  sync             gather to rank 0: rank 0 receives P reports, the others send one
+  sync             gather to rank 0: rank 0 receives P reports, the others send one; from
+                   1024 ranks on (a sharded manifest) to each group's leader instead, which
+                   receives sqrt(P) reports, writes their blocks into a shard and sends rank 0
+                   its files' sizes and the shard's name: rank 0 receives sqrt(P) of those
   retain, steps    broadcast from rank 0: log2(P) messages
   restore          gather of the ranks' read requests to rank 0 (rank 0 receives P), then a
                    scatter: rank 0 sends each rank its part of the manifest, P - 1 messages"""
@@ -125,6 +144,7 @@ def bisection_boxes(ranks: int) -> tuple[tuple[int, ...], dict[int, tuple[tuple[
     return shape, dict(enumerate(boxes))
 
 
+@collection_paused()  # as in the library's save and restore: else full collections walk every record made so far
 def measure(ranks: int, leaves: int) -> dict[str, Any]:
     """Every part at ``ranks`` ranks (run in a child process: its peak memory is this one's)."""
     plans = synthetic_plans(ranks, leaves)
@@ -147,9 +167,11 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     found["sync_bytes"] = len(pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL))
     chunks = {leaf.path: leaf.chunk_checksums for leaf in plans[0].leaves if leaf.kind == "replicated"}
 
+    files: dict[str, int | None] = {f"data-{rank:05d}.bin": 1 << 20 for rank in range(ranks)}  # posix: a file per rank
+
     def manifest_text() -> str:
         filled = fill_checksums(kept.records, [sums for _, sums in reports], chunks)
-        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", filled, values, 0.0, 0.0).to_json()
+        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", filled, values, 0.0, 0.0, files=files).to_json()
 
     found["manifest_s"], text = seconds(manifest_text)
     found["manifest_bytes"] = len(text)
@@ -163,10 +185,75 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     found["restore_root_s"], manifest_parts = seconds(cut_parts)
     found["restore_bytes"] = len(pickle.dumps(manifest_parts[1], protocol=pickle.HIGHEST_PROTOCOL))
     found["restore_s"] = seconds(lambda: manifest_parts[1].tree_leaves)[0]
+    found.update(sharded(ranks, kept.records, reports, chunks, values, requests))
     for name, (shape, boxes) in {"1d": grid_boxes(ranks, 1), "2d": grid_boxes(ranks, 2), "3d": grid_boxes(ranks, 3),
                                  "bisection": bisection_boxes(ranks)}.items():  # fmt: skip
         found[f"boxes_{name}_s"] = min(seconds(lambda: check_tiling("u", shape, boxes))[0] for _ in range(9))
     found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return found
+
+
+def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dict[str, int], dict[str, str]]],
+            chunks: dict[str, tuple[str, ...]], values: dict[str, Any],
+            requests: list[ReadRequest]) -> dict[str, Any]:  # fmt: skip
+    """A sharded manifest (from 1024 ranks on): what the leader of the first group receives
+    and writes in a save, what rank 0 receives and writes, and what the leader of a group
+    in the middle reads and cuts in a restore on as many ranks."""
+    by_rank = records_by_rank(records, ranks)  # each rank's own blocks, as it holds them after the merge
+
+    def report_of(rank: int) -> tuple[dict[str, int], dict[str, Block]]:
+        blocks = [BlockData(record, record.blocks[0], np.empty(0)) for record in by_rank[rank] if record.blocks]
+        return own_report(reports[rank], blocks, rank, chunks)
+
+    def blocks_of(group: range) -> dict[str, list[Block]]:
+        blocks: dict[str, list[Block]] = {}
+        for rank in group:
+            for path, block in report_of(rank)[1].items():
+                blocks.setdefault(path, []).append(block)
+        return blocks
+
+    first, middle = arrival_group(0, ranks), arrival_group(ranks // 2, ranks)
+    found: dict[str, Any] = {"shard_sync_bytes": len(pickle.dumps([report_of(rank) for rank in first],
+                                                                   protocol=pickle.HIGHEST_PROTOCOL))}  # fmt: skip
+    found["shard_s"], text = seconds(lambda: shard_json(ranks, first.start, first.stop, blocks_of(first)))
+    found["shard_bytes"] = len(text)
+    texts = {shard_name(group.start): shard_json(ranks, group.start, group.stop, blocks_of(group)) for group in (first, middle)}
+    from_leaders = []
+    for leader in range(0, ranks, len(first)):  # the bounds as each leader finds them; checksums of the texts made
+        group = arrival_group(leader, ranks)
+        placed: dict[str, list[Block]] = {}
+        for rank in group:
+            for record in by_rank[rank]:
+                placed.setdefault(record.path, []).extend(record.blocks)
+        bounds = shard_bounds(placed)
+        checksum = text_checksum(texts[shard_name(leader)]) if shard_name(leader) in texts else "0" * 16
+        from_leaders.append(({f"data-{rank:05d}.bin": 1 << 20 for rank in group},
+                             Shard(shard_name(leader), leader, group.stop, checksum, bounds)))  # fmt: skip
+    found["leaders_bytes"] = len(pickle.dumps(from_leaders, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def top() -> str:
+        files = merge_sizes(sizes for sizes, _ in from_leaders)
+        bare = tuple(replace(record, blocks=()) for record in records)
+        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", bare, values, 0.0, 0.0, files=dict(files),
+                        shards=tuple(entry for _, entry in from_leaders)).to_json()  # fmt: skip
+
+    found["top_s"], top_text = seconds(top)
+    found["top_bytes"] = len(top_text)
+    asked = [requests[rank] for rank in middle]
+
+    bare = Manifest.from_json(top_text, "bench", wanted=lambda _shard: False)  # as rank 0 reads it
+    found["shard_top_bytes"] = len(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL))  # what it sends each leader
+
+    def leader_restore() -> tuple[set[str], list[Manifest]]:
+        needed = shards_for(bare, asked)
+        read = bare.with_shard_blocks("bench", texts.__getitem__, lambda shard: shard.file in needed)
+        index = BlockIndex()
+        return needed, [manifest_part(read, request, index) for request in asked]
+
+    found["shard_restore_s"], (needed, parts) = seconds(leader_restore)
+    found["shard_restore_read"] = len(needed)
+    assert needed == {shard_name(first.start), shard_name(middle.start)}, needed  # its own, and rank 0's replicated chunks
+    found["shard_restore_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
     return found
 
 
@@ -304,6 +391,15 @@ PARTS = [  # (key, heading, unit)
     ("sync_bytes", "rank 0: sync reports received", "MB"),
     ("manifest_s", "rank 0: checksums and manifest JSON", "s"),
     ("manifest_bytes", "rank 0: manifest written", "MB"),
+    ("shard_sync_bytes", "sharded: reports a leader receives", "MB"),
+    ("shard_s", "sharded: a leader's shard JSON", "s"),
+    ("shard_bytes", "sharded: a leader's shard written", "MB"),
+    ("leaders_bytes", "sharded: rank 0 receives from leaders", "MB"),
+    ("top_s", "sharded: rank 0's manifest JSON", "s"),
+    ("top_bytes", "sharded: rank 0's manifest written", "MB"),
+    ("shard_top_bytes", "sharded restore: rank 0 sends each leader", "MB"),
+    ("shard_restore_s", "sharded restore: a leader reads and cuts", "s"),
+    ("shard_restore_bytes", "sharded restore: the part a rank receives", "MB"),
     ("restore_root_s", "restore: rank 0 parses and cuts the parts", "s"),
     ("restore_bytes", "restore: the part a rank receives", "MB"),
     ("restore_s", "restore: a rank opens its part", "s"),

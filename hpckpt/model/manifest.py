@@ -26,7 +26,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +34,7 @@ import numpy as np
 from .._checks import is_count
 from ..checksum import text_checksum
 from ..errors import CorruptCheckpointError
+from .boxes import Box
 
 FORMAT_NAME = "hpckpt-manifest"
 SHARD_FORMAT_NAME = "hpckpt-manifest-shard"
@@ -74,13 +75,16 @@ def member_starts(members: Sequence[Member]) -> list[int]:
 
 
 class Shard(NamedTuple):
-    """One file of a sharded manifest: the blocks of ranks ``first`` to ``stop - 1``, and
-    the checksum (``xxh3_64``, hex) of its whole text."""
+    """One file of a sharded manifest: the blocks of ranks ``first`` to ``stop - 1``, the
+    checksum (``xxh3_64``, hex) of its whole text, and by leaf path the box that bounds
+    its blocks of each global (distributed or replicated) leaf (:func:`shard_bounds`), so
+    that a restore reads only the shards its boxes need."""
 
     file: str
     first: int
     stop: int
     checksum: str
+    bounds: Mapping[str, Box] = {}
 
 
 @dataclass(frozen=True)
@@ -207,17 +211,38 @@ class Manifest:
             if not body[optional]:
                 del body[optional]
         if self.shards:
-            body["shards"] = [{"file": shard.file, "ranks": [shard.first, shard.stop], "checksum": shard.checksum}
-                              for shard in self.shards]  # fmt: skip
+            body["shards"] = [_shard_dict(shard) for shard in self.shards]
         version = (SHARDED_VERSION if self.shards else LISTS_VERSION if self.lists or self.dims
                    else PACKED_VERSION if self.pack is not None else INCREMENTAL_VERSION if self.incremental else 1)  # fmt: skip
         return _checksummed({"format": FORMAT_NAME, "version": version, **body})
 
+    def with_shard_blocks(self, source: str, read_shard: Callable[[str], str], wanted: Callable[[Shard], bool]) -> Manifest:
+        """This sharded manifest, as read without its blocks (``wanted`` none), with the
+        blocks of the shards ``wanted`` now says, read with ``read_shard`` and checked as
+        :meth:`from_json` checks them. Raises CorruptCheckpointError naming ``source`` and
+        the shard when one is unusable."""
+        try:
+            body: dict[str, Any] = {
+                "version": SHARDED_VERSION,
+                "world_size": self.world_size,
+                "leaves": [_leaf_dict(record, with_blocks=False) for record in self.leaves],
+                "shards": [_shard_dict(shard) for shard in self.shards],
+            }
+            _read_shards(body, self.step, read_shard, wanted)
+            manifest = replace(self, leaves=tuple(_leaf_from_dict(leaf, self.step) for leaf in body["leaves"]))
+            manifest.tree_leaves  # noqa: B018 (opens the pack, which checks it)
+            return manifest
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
+            raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
+
     @classmethod
-    def from_json(cls, text: str, source: str, read_shard: Callable[[str], str] | None = None) -> Manifest:
+    def from_json(
+        cls, text: str, source: str, read_shard: Callable[[str], str] | None = None, wanted: Callable[[Shard], bool] | None = None
+    ) -> Manifest:
         """Parse and validate manifest text read from ``source``; a sharded manifest's
         shards are read with ``read_shard(file name)`` (the step directory's file) and
-        their blocks put back into the leaves.
+        their blocks put back into the leaves: every shard, or those ``wanted`` says (the
+        others' blocks are then left out, and ``read_shard`` may be None if it wants none).
 
         Raises
         ------
@@ -239,7 +264,7 @@ class Manifest:
             step = _count(body["step"], "step")
             if _count(body["world_size"], "world_size") < 1:
                 raise ValueError(f"world_size is {body['world_size']}, not an integer >= 1")
-            shards = _read_shards(body, step, read_shard) if "shards" in body else ()
+            shards = _read_shards(body, step, read_shard, wanted) if "shards" in body else ()
             leaves = tuple(_leaf_from_dict(leaf, step) for leaf in body["leaves"])
             manifest = cls(
                 step=step,
@@ -274,6 +299,12 @@ def shard_json(step: int, first: int, stop: int, blocks: Mapping[str, Sequence[B
     return _checksummed({"format": SHARD_FORMAT_NAME, "version": 1, "step": step, "ranks": [first, stop], "blocks": body})
 
 
+def _shard_dict(shard: Shard) -> dict[str, Any]:
+    """A shard's entry in ``manifest.json``."""
+    return {"file": shard.file, "ranks": [shard.first, shard.stop], "checksum": shard.checksum,
+            "bounds": {path: list(box) for path, box in shard.bounds.items()}}  # fmt: skip
+
+
 def _checksummed(body: dict[str, Any]) -> str:
     """``body`` as JSON text (sorted keys, one line) with its checksum as the first key."""
     # No indent: Python's C encoder then does the work (10,000 leaves: 0.05 s, not 1 s).
@@ -281,14 +312,30 @@ def _checksummed(body: dict[str, Any]) -> str:
     return f'{{"{CHECKSUM_KEY}":"{text_checksum(text)}",' + text[1:]
 
 
-def _read_shards(body: dict[str, Any], step: int, read_shard: Callable[[str], str] | None) -> tuple[Shard, ...]:
-    """Read the shards a version-5 manifest ``body`` names and put their blocks into its
-    leaves (in place); the shards. ValueError naming the shard when one is unreadable,
-    damaged, of another step, or when they do not hold ranks 0 to world_size - 1 in order."""
+def shard_bounds(blocks: Mapping[str, Sequence[Block]]) -> dict[str, Box]:
+    """The box bounding each leaf's blocks among ``blocks`` (by path), for those that are
+    boxes of a global array (an offset of the shape's length; local blocks have none):
+    of the non-empty ones, or the first block when all are empty. Pure."""
+    bounds = {}
+    for path, found in blocks.items():
+        boxes = [block for block in found if len(block.offset) == len(block.shape)]
+        full = [block for block in boxes if block.size] or boxes[:1]
+        if full:
+            low = tuple(min(starts) for starts in zip(*(block.offset for block in full)))
+            high = tuple(max(ends) for ends in zip(*((o + n for o, n in zip(block.offset, block.shape)) for block in full)))
+            bounds[path] = (low, tuple(h - lo for h, lo in zip(high, low)))
+    return bounds
+
+
+def _read_shards(
+    body: dict[str, Any], step: int, read_shard: Callable[[str], str] | None, wanted: Callable[[Shard], bool] | None
+) -> tuple[Shard, ...]:
+    """Read the shards a version-5 manifest ``body`` names (those ``wanted``, or all) and
+    put their blocks into its leaves (in place); every shard. ValueError naming the shard
+    when one read is unreadable, damaged or of another step, or when the shards do not
+    hold ranks 0 to world_size - 1 in order."""
     if body["version"] != SHARDED_VERSION:
         raise ValueError(f"shards in a manifest of version {body['version']}, not {SHARDED_VERSION}")
-    if read_shard is None:
-        raise ValueError("it is sharded, and its shards were not given to read")
     found: dict[str, list[Any]] = {}
     for leaf in body["leaves"]:
         if leaf["blocks"]:
@@ -297,9 +344,16 @@ def _read_shards(body: dict[str, Any], step: int, read_shard: Callable[[str], st
     shards: list[Shard] = []
     for entry in body["shards"]:
         first, stop = (_count(n, "shard rank") for n in entry["ranks"])
-        shard = Shard(safe_name(entry["file"], "shard file"), first, stop, str(entry["checksum"]))
+        bounds = {path: _box(box, f"bounds of {path!r} in shard {entry['file']!r}")
+                  for path, box in _object(entry.get("bounds", {}), "shard bounds").items()}  # fmt: skip
+        shard = Shard(safe_name(entry["file"], "shard file"), first, stop, str(entry["checksum"]), bounds)
         if shard.first != (shards[-1].stop if shards else 0) or shard.stop <= shard.first:
             raise ValueError(f"shard {shard.file} holds ranks {shard.first}-{shard.stop - 1}, not the next ones")
+        shards.append(shard)
+        if wanted is not None and not wanted(shard):
+            continue
+        if read_shard is None:
+            raise ValueError("it is sharded, and its shards were not given to read")
         try:
             text = read_shard(shard.file)
         except (OSError, UnicodeDecodeError) as exc:
@@ -317,10 +371,17 @@ def _read_shards(body: dict[str, Any], step: int, read_shard: Callable[[str], st
             if not all(shard.first <= block["rank"] < shard.stop for block in leaf_blocks):
                 raise ValueError(f"shard {shard.file} has a block of {path!r} of a rank it does not hold")
             found[path].extend(leaf_blocks)
-        shards.append(shard)
     if not shards or shards[-1].stop != body["world_size"]:
         raise ValueError(f"its shards do not hold the blocks of all {body['world_size']} ranks")
     return tuple(shards)
+
+
+def _box(value: Any, what: str) -> Box:
+    """``[offset, shape]`` as a box, else ValueError."""
+    offset, shape = value
+    if len(offset) != len(shape):
+        raise ValueError(f"{what} is not a box")
+    return tuple(_count(n, what) for n in offset), tuple(_count(n, what) for n in shape)
 
 
 def _paths(value: Any, what: str) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -79,7 +79,7 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
     leaf and the pack, the block of its source rank (rank 0's when it has none: its
     pack lists the packed leaves, which the rank compares its tree with); of each
     replicated leaf, every chunk (each rank reads some and receives the others); and
-    only the files (and files in directories) that hold them. Pure."""
+    only the files (and files in directories) that hold them; no shards. Pure."""
     keep = request.source if request.source is not None else 0
     leaves = []
     for record in manifest.leaves:
@@ -94,16 +94,58 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
         leaves.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, record.location,
                                  record.encoding))  # fmt: skip
     holding = {stored_file(record, block) for record in leaves for block in record.blocks}
-    files = {name: size for name, size in manifest.files.items() if name in holding or name.split("/")[0] in holding}
-    return replace(manifest, leaves=tuple(leaves), files=files)
+    files = {name: manifest.files[name] for held in holding for name in index.files_of(manifest, held)}
+    return replace(manifest, leaves=tuple(leaves), files=files, shards=())
+
+
+def shards_for(manifest: Manifest, requests: Sequence[ReadRequest]) -> set[str]:
+    """The shard files of sharded ``manifest`` (its leaves' blocks not read yet) that hold
+    every block :func:`manifest_part` keeps for ``requests``: the shard of each request's
+    Local source (rank 0's when it has none), every shard with blocks of a replicated
+    leaf, and those whose bounds of a distributed leaf meet the box bounding the
+    requests' non-empty boxes of it. Pure."""
+    kinds = {record.path: record.kind for record in manifest.leaves}
+    sources = sorted({request.source if request.source is not None else 0 for request in requests})
+    spans: dict[str, Box] = {}
+    for request in requests:
+        for path, box in request.boxes.items():
+            if math.prod(box[1]) and kinds.get(path) == "distributed":
+                spans[path] = _bounding(spans[path], box) if path in spans else box
+    needed = set()
+    for shard in manifest.shards:
+        holds_source = bisect.bisect_left(sources, shard.first) < bisect.bisect_left(sources, shard.stop)
+        if holds_source or any(
+            kinds.get(path) == "replicated" or (path in spans and intersection(bounds, spans[path]) is not None)
+            for path, bounds in shard.bounds.items()
+        ):
+            needed.add(shard.file)
+    return needed
+
+
+def _bounding(first: Box, second: Box) -> Box:
+    """The smallest box holding both."""
+    low = tuple(min(a, b) for a, b in zip(first[0], second[0]))
+    high = tuple(max(a + n, b + m) for a, n, b, m in zip(first[0], first[1], second[0], second[1]))
+    return low, tuple(h - lo for h, lo in zip(high, low))
 
 
 class BlockIndex:
     """The blocks of a manifest's distributed leaves sorted along their first axis, so
-    that finding the few a box overlaps takes a binary search, not a pass over every rank's."""
+    that finding the few a box overlaps takes a binary search, not a pass over every
+    rank's; and its files by directory. For one manifest."""
 
     def __init__(self) -> None:
         self._sorted: dict[str, tuple[list[int], list[int], int]] = {}
+        self._files: dict[str, list[str]] | None = None  # a directory or file name -> the files of the step in it
+
+    def files_of(self, manifest: Manifest, held: str) -> list[str]:
+        """The files of ``manifest`` that are ``held`` or lie in the directory ``held``
+        (found through a map made once, not a pass over every file of the step)."""
+        if self._files is None:
+            self._files = {}
+            for name in manifest.files:
+                self._files.setdefault(name.split("/")[0], []).append(name)
+        return [name for name in self._files.get(held.split("/")[0], ()) if name == held or name.split("/")[0] == held]
 
     def overlapping(self, record: LeafRecord, box: Box) -> tuple[Block, ...]:
         """The blocks of ``record`` that share elements with ``box``, in manifest order."""

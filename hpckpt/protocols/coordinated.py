@@ -79,7 +79,7 @@ from ..model.layout import (
     replicated_chunks,
 )
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
-from ..model.manifest import PACK_PATH, Block, LeafRecord, Manifest, Shard, shard_json
+from ..model.manifest import PACK_PATH, Block, LeafRecord, Manifest, Shard, shard_bounds, shard_json
 from ..model.tree import Slot, flatten
 from ..storage.base import Annotations, Backend, BlockData, Encoded
 from ..storage.commit import RunDirectory, merge_sizes, sync_directory, sync_files, write_durably
@@ -503,7 +503,8 @@ def write_shard(
     text = shard_json(step, group.start, group.stop, blocks)
     write_durably(directory / name, text)
     sync_directory(directory)  # the new entry, through this node: another node commits
-    return merge_sizes(sizes for sizes, _ in reports), Shard(name, group.start, group.stop, text_checksum(text))
+    shard = Shard(name, group.start, group.stop, text_checksum(text), shard_bounds(blocks))
+    return merge_sizes(sizes for sizes, _ in reports), shard
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import gather_phase, merged_phase, run_phase, scatter_phase, share_phase
+from .._comm import (
+    gather_in_groups,
+    gather_phase,
+    merged_phase,
+    run_phase,
+    scatter_in_groups,
+    scatter_phase,
+    share_phase,
+    share_with_leaders,
+)
 from .._gc import collection_paused
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, leaf_encoding, like
@@ -56,6 +65,7 @@ from ..model.reads import (
     manifest_part,
     member_bytes,
     overlaps,
+    shards_for,
 )
 from ..model.tree import Slot, flatten
 from ..storage import open_backend
@@ -175,20 +185,40 @@ def restore_newest(
     mismatch: StateMismatchError | None = None
     for step in reversed(steps):
         source = str(run_dir.manifest_path(step))
-        whole = run_phase(
-            comm, f"restore step {step}: manifest", lambda: _parsed(run_dir, step) if comm.rank == 0 else None
+        whole = run_phase(  # rank 0's: the manifest (without its blocks if sharded), or why it is unusable
+            comm, f"restore step {step}: manifest", lambda: _parsed_top(run_dir, step) if comm.rank == 0 else None
         )
-        writers = comm.bcast(whole.world_size if isinstance(whole, Manifest) else whole, root=0)  # or why it is unreadable
-        if isinstance(writers, CorruptCheckpointError):
-            problems.append(f"step {step}: {writers}")
-            _warn_fallback(step, [str(writers)], steps)
+        shape = comm.bcast((whole.world_size, bool(whole.shards)) if isinstance(whole, Manifest) else whole, root=0)
+        if isinstance(shape, CorruptCheckpointError):  # why rank 0 cannot read the manifest
+            problems.append(f"step {step}: {shape}")
+            _warn_fallback(step, [str(shape)], steps)
             continue
-        requests = gather_phase(
-            comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice)
-        )
-        manifest = scatter_phase(
-            comm, f"restore step {step}: parts", lambda: _parts(whole, requests) if comm.rank == 0 else None
-        )
+        writers, sharded = shape
+        if sharded:  # each group's leader reads the shards its ranks need and cuts their parts
+            bare = share_with_leaders(comm, whole if isinstance(whole, Manifest) else None)
+            requests = gather_in_groups(
+                comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice)
+            )
+            part = scatter_in_groups(
+                comm, f"restore step {step}: parts",
+                lambda: _shard_parts(run_dir, step, bare, requests) if requests is not None and bare is not None else None,
+            )  # fmt: skip
+            unreadable = merged_phase(
+                comm, f"restore step {step}: shards", lambda: [str(part)] if isinstance(part, CorruptCheckpointError) else []
+            )
+            if unreadable:
+                problems.append(f"step {step}: {unreadable[0]}")
+                _warn_fallback(step, unreadable, steps)
+                continue
+            assert isinstance(part, Manifest)  # else every rank went on to an older step
+            manifest = part
+        else:
+            requests = gather_phase(
+                comm, f"restore step {step}: requests", lambda: _request(slots, writers, comm.size, comm.rank, choice)
+            )
+            manifest = scatter_phase(
+                comm, f"restore step {step}: parts", lambda: _parts(whole, requests) if comm.rank == 0 else None
+            )
         differences = merged_phase(
             comm, f"restore step {step}: match", lambda: _differences(manifest, slots, comm.size, comm.rank, choice)
         )
@@ -244,12 +274,32 @@ def _same_kind(fresh: np.ndarray, original: Any, path: str) -> Any:
     return STAGER.new_device_array(restored, original, path) if is_device_array(original) else restored
 
 
-def _parsed(run_dir: RunDirectory, step: int) -> Manifest | CorruptCheckpointError:
-    """``step``'s manifest, or why it cannot be read (rank 0)."""
+def _parsed_top(run_dir: RunDirectory, step: int) -> Manifest | CorruptCheckpointError:
+    """``step``'s manifest, without reading its shards (a sharded manifest's leaves then
+    hold no blocks), or why it cannot be read (rank 0)."""
+    path = run_dir.manifest_path(step)
     try:
-        return run_dir.manifest(step)
+        return Manifest.from_json(run_dir.read_manifest(step), str(path), wanted=lambda _shard: False)
+    except (OSError, UnicodeDecodeError) as exc:
+        return CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}")
     except CorruptCheckpointError as exc:
         return exc
+
+
+def _shard_parts(
+    run_dir: RunDirectory, step: int, bare: Manifest, requests: list[ReadRequest]
+) -> list[Manifest | CorruptCheckpointError]:
+    """Each rank's part of the sharded manifest ``bare`` (read without its blocks), for
+    the ``requests`` of a group (its leader): read the shards they need
+    (:func:`~hpckpt.model.reads.shards_for`), then cut as :func:`_parts` does. Why the
+    step is unusable for every rank of the group when one of those shards is."""
+    needed = shards_for(bare, requests)
+    try:
+        read = bare.with_shard_blocks(str(run_dir.manifest_path(step)), run_dir.shard_reader(step),
+                                      lambda shard: shard.file in needed)  # fmt: skip
+    except CorruptCheckpointError as exc:
+        return [exc] * len(requests)
+    return list(_parts(read, requests))
 
 
 def _request(slots: list[Slot], writers: int, size: int, rank: int, choice: RestoreChoice) -> ReadRequest:

@@ -26,7 +26,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -303,7 +303,11 @@ class RunDirectory:
             text = self.read_manifest(step)
         except (OSError, UnicodeDecodeError) as exc:
             raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
-        return Manifest.from_json(text, str(path), lambda name: (self.step_path(step) / name).read_text(encoding="utf-8"))
+        return Manifest.from_json(text, str(path), self.shard_reader(step))
+
+    def shard_reader(self, step: int) -> Callable[[str], str]:
+        """What reads a file of committed step ``step``'s sharded manifest, by name."""
+        return lambda name: (self.step_path(step) / name).read_text(encoding="utf-8")
 
     def read_manifest(self, step: int) -> str:
         """The text of committed step ``step``'s manifest."""

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hpckpt.model.manifest import Block, LeafRecord
-from hpckpt.model.reads import BlockIndex, ReadRequest, local_source, manifest_part, overlaps
+from hpckpt.model.manifest import Block, LeafRecord, Manifest, Shard, shard_bounds
+from hpckpt.model.reads import BlockIndex, ReadRequest, local_source, manifest_part, overlaps, shards_for
 from tests.unit.test_manifest import make_manifest
 
 # A 4x3 leaf saved by two ranks, two rows each.
@@ -65,3 +65,33 @@ def test_a_ranks_part_of_the_manifest_holds_what_it_reads():
     assert part.files == manifest.files and part.world_size == manifest.world_size
     unsourced = manifest_part(manifest, ReadRequest(None, {}), BlockIndex())  # another rank count, no local_from
     assert unsourced.leaves[0].blocks == () and [block.rank for block in unsourced.leaves[1].blocks] == [0]
+
+
+def sharded(*leaves: LeafRecord) -> Manifest:
+    """A manifest of 4 writer ranks in two shards (ranks 0-1 and 2-3), leaves without
+    blocks, each shard bounding its ranks' blocks of the global leaves."""
+    shards = []
+    for first in (0, 2):
+        blocks = {leaf.path: [block for block in leaf.blocks if first <= block.rank < first + 2] for leaf in leaves}
+        shards.append(Shard(f"manifest-shard-{first:05d}.json", first, first + 2, "0" * 16, shard_bounds(blocks)))
+    bare = tuple(LeafRecord(leaf.path, leaf.kind, leaf.dtype, leaf.global_shape, ()) for leaf in leaves)
+    return Manifest(1, "coordinated", "posix", 4, "xxh3_64", bare, {}, 0.0, 0.0, shards=tuple(shards))
+
+
+ROWS = LeafRecord("u", "distributed", "<f8", (8, 3), tuple(Block(r, (2 * r, 0), (2, 3), "a") for r in range(4)))
+STATE = LeafRecord("rng", "local", "<u4", None, tuple(Block(r, (), (5,), "b") for r in range(4)))
+WEIGHTS = LeafRecord("w", "replicated", "<f8", (3,), (Block(0, (0,), (3,), "c"),))
+FIRST, SECOND = "manifest-shard-00000.json", "manifest-shard-00002.json"
+
+
+@pytest.mark.parametrize(("leaves", "requests", "needed"), [
+    ((ROWS, STATE), [ReadRequest(2, {"u": ((4, 0), (2, 3))}), ReadRequest(3, {"u": ((6, 0), (2, 3))})], {SECOND}),
+    ((ROWS, STATE), [ReadRequest(0, {"u": ((0, 0), (2, 3))})], {FIRST}),
+    ((ROWS, STATE, WEIGHTS), [ReadRequest(2, {"u": ((4, 0), (2, 3))})], {FIRST, SECOND}),  # every rank takes w
+    ((ROWS,), [ReadRequest(None, {"u": ((3, 0), (2, 3))})], {FIRST, SECOND}),  # rows 3-4 span both; rank 0's pack
+    ((ROWS,), [ReadRequest(3, {"u": ((0, 0), (0, 3))})], {SECOND}),  # an empty box reads no block
+])  # fmt: skip
+def test_a_restore_reads_only_the_shards_holding_the_blocks_its_ranks_need(leaves, requests, needed):
+    manifest = sharded(*leaves)
+    assert shards_for(manifest, requests) == needed
+    assert manifest.shards[0].bounds == {"u": ((0, 0), (4, 3)), **({"w": ((0,), (3,))} if WEIGHTS in leaves else {})}
