@@ -12,7 +12,8 @@ Phases (each agreed by :func:`hpckpt._comm.run_phase`):
    the leaves of one and not the other are left alone and reported.
 3. ``files``: rank 0 checks that every file of the step has its committed size (a
    truncated file is refused before any I/O library reads it: ADIOS2 2.12 waits
-   forever on a cut data file).
+   forever on a cut data file); of a sharded step, each rank checks the files of its
+   part, which hold the blocks it reads (and, for ADIOS2, the step's metadata files).
 4. ``plan``: from the manifest alone, each rank picks the stored blocks that overlap
    its boxes: with the same number of ranks, its own; on a different number, every
    stored block its new box touches (never the whole array).
@@ -228,10 +229,13 @@ def restore_newest(
             if step > steps[0]:  # else the StateMismatchError below says it all
                 _warn_fallback(step, differences, steps, what=f"({source}) does not match the state")
             continue
-        damaged = share_phase(
-            comm, f"restore step {step}: files",
-            lambda: damaged_files(run_dir, whole) if isinstance(whole, Manifest) else [],
-        )  # fmt: skip
+        if sharded:  # each rank checks the files its part names: no rank stats every file of the step
+            damaged = merged_phase(comm, f"restore step {step}: files", lambda: damaged_files(run_dir, manifest))
+        else:
+            damaged = share_phase(
+                comm, f"restore step {step}: files",
+                lambda: damaged_files(run_dir, whole) if isinstance(whole, Manifest) else [],
+            )  # fmt: skip
         if damaged:
             problems.append(f"step {step}: {damaged[0]}")
             _warn_fallback(step, damaged, steps)

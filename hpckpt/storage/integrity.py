@@ -1,7 +1,8 @@
 """Integrity of a committed step's files against its manifest, before any library opens them.
 
-Not collective: restore runs it on rank 0 and shares the findings; ``hpckpt verify``
-and :class:`~hpckpt.CheckpointReader` run it in one process.
+Not collective: restore runs it on rank 0 and shares the findings (on every rank, for
+the files of its part of a sharded step); ``hpckpt verify`` and
+:class:`~hpckpt.CheckpointReader` run it in one process.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ backend must restore them bit for bit, on the same and on other rank counts, and
 damaged shard must make the step fall back like a damaged manifest."""
 
 import json
+import os
 import warnings
 
 import pytest
@@ -70,16 +71,21 @@ def test_a_sharded_step_restores_on_another_number_of_ranks(world, mpi_tmp_path,
     restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers)
 
 
-@pytest.mark.parametrize("how", ["changed", "missing"])
-def test_a_damaged_shard_makes_the_step_fall_back(world, mpi_tmp_path, sharded, how):
+@pytest.mark.parametrize("how", ["changed", "missing", "truncated"])
+def test_a_damaged_shard_or_data_file_makes_the_step_fall_back(world, mpi_tmp_path, sharded, how):
+    """A shard changed or missing, or the last rank's data file cut short: that rank's
+    leader, or that rank itself (each checks the files of its part), finds it."""
     run_dir = mpi_tmp_path / how
     save_two_steps(world, run_dir, {"backend": "posix"})
     last = run_dir / "step-00000002" / f"manifest-shard-{arrival_group(world.size - 1, world.size).start:05d}.json"
+    data = run_dir / "step-00000002" / f"data-{world.size - 1:05d}.bin"
     if world.rank == 0:
         if how == "changed":
             last.write_text(last.read_text().replace('"rank":', '"rank": ', 1))
-        else:
+        elif how == "missing":
             last.unlink()
+        else:
+            os.truncate(data, data.stat().st_size - 1)
     world.Barrier()
     restored = make_state(world, 0)
     with warnings.catch_warnings(record=True) as caught:
@@ -89,5 +95,6 @@ def test_a_damaged_shard_makes_the_step_fall_back(world, mpi_tmp_path, sharded, 
     assert_same(make_state(world, 1), restored)
     messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
     assert len(messages) == 1 and messages[0].endswith("falling back to step 1"), messages
-    problem = "does not match the checksum" if how == "changed" else "cannot be read"
-    assert f"shard {last.name} {problem}" in messages[0], messages[0]
+    problem = {"changed": f"shard {last.name} does not match the checksum", "missing": f"shard {last.name} cannot be read",
+               "truncated": f"{data} has "}[how]  # fmt: skip
+    assert problem in messages[0], messages[0]
