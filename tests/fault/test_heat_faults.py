@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from hpckpt.catalog import CheckpointReader
 from tests.fault.conftest import heat_command, relaunched, run
 from tests.fault.trials import first_attempt, newest_committed
 
@@ -92,4 +93,25 @@ def test_sigkill_with_non_blocking_saves_resumes_from_the_newest_committed_step(
     result = run(command)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == newest and result.checksum == reference_checksum
+    assert "CheckpointFallbackWarning" not in result.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(backend, tmp_path, reference_checksum,
+                                                                          monkeypatch):  # fmt: skip
+    """Sharded manifests (from 2 ranks on here): rank 2, the leader of ranks 2-3, is killed
+    before it writes its shard of step 40, which is then never committed; the next run
+    resumes from step 30, whose two shards were written by ranks 0 and 2."""
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+    run_dir = tmp_path / "ckpt"
+    command = heat_command(RANKS, run_dir, "--backend", backend)
+    first_attempt(command, tmp_path, RANKS, random.Random(0), fault="save.shard:2:kill:4")
+    assert newest_committed(run_dir) == "30"
+    shards = CheckpointReader(run_dir).manifest(30).shards
+    assert [(shard.file, shard.first, shard.stop) for shard in shards] == [
+        ("manifest-shard-00000.json", 0, 2), ("manifest-shard-00002.json", 2, 4)
+    ]  # fmt: skip
+    result = run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.resumed_from == "30" and result.checksum == reference_checksum
     assert "CheckpointFallbackWarning" not in result.stderr
