@@ -417,8 +417,7 @@ def save_coordinated(
         point("save.sync")
         return sync_files(temp, backend.written_files(files, rank, comm.size)), {**own_checksums(rank_plan), **checksums.result()}
 
-    shards: list[Shard] = []
-    synced: list[tuple[dict[str, int], dict[str, str]]]  # on rank 0: sizes, and checksums unless sharded
+    # On rank 0: the sizes each writer (or each leader) saw, and each rank's block checksums unless sharded.
     if sharded:  # the blocks go to the groups' leaders, each writing a shard of the manifest
         reports = timed("sync", lambda: own_report(sync(), own_blocks, rank, chunk_checksums(rank_plan)), gather_in_groups)
         PACK_BUFFERS.give_back(lent)
@@ -427,12 +426,12 @@ def save_coordinated(
             point("save.shard")
             return write_shard(temp, step, arrival_group(rank, comm.size), reports) if reports else None
 
-        written_shards = timed("shard", shard, gather_from_leaders)
-        synced = [(sizes, {}) for sizes, _ in written_shards or ()]
-        shards = [shard for _, shard in written_shards or ()]
+        written_shards = timed("shard", shard, gather_from_leaders) or []
+        sizes_seen, shards, per_rank = [sizes for sizes, _ in written_shards], [shard for _, shard in written_shards], []
     else:
         synced = timed("sync", sync, gather_phase)  # to rank 0, which alone writes the manifest
         PACK_BUFFERS.give_back(lent)  # a failed save leaves its pack buffer to the garbage collector
+        sizes_seen, shards, per_rank = [sizes for sizes, _ in synced], [], [sums for _, sums in synced]
 
     def commit() -> None:
         point("save.commit")
@@ -441,7 +440,6 @@ def save_coordinated(
         if shards:
             leaves = tuple(replace(record, blocks=()) for record in records)  # their blocks are in the shards
         else:
-            per_rank = [sums for _, sums in synced]
             filled = records if delta_planned else fill_checksums(records, per_rank, chunk_checksums(rank_plan))
             leaves = compose(merged, filled, delta)
         manifest = Manifest(
@@ -463,7 +461,7 @@ def save_coordinated(
             dims=dims,
             shards=tuple(shards),
         )
-        run_dir.commit(manifest, merge_sizes(sizes for sizes, _ in synced))
+        run_dir.commit(manifest, merge_sizes(sizes_seen))
 
     timed("commit", commit)
 

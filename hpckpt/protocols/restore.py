@@ -281,11 +281,8 @@ def _same_kind(fresh: np.ndarray, original: Any, path: str) -> Any:
 def _parsed_top(run_dir: RunDirectory, step: int) -> Manifest | CorruptCheckpointError:
     """``step``'s manifest, without reading its shards (a sharded manifest's leaves then
     hold no blocks), or why it cannot be read (rank 0)."""
-    path = run_dir.manifest_path(step)
     try:
-        return Manifest.from_json(run_dir.read_manifest(step), str(path), wanted=lambda _shard: False)
-    except (OSError, UnicodeDecodeError) as exc:
-        return CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}")
+        return run_dir.manifest(step, wanted=lambda _shard: False)
     except CorruptCheckpointError as exc:
         return exc
 

@@ -34,7 +34,7 @@ from .._hooks import point
 from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
 from ..model.delta import referenced_steps
-from ..model.manifest import Manifest
+from ..model.manifest import Manifest, Shard
 from .lustre import Striping, set_stripe
 from .names import MANIFEST_NAME, committed_steps, step_name
 
@@ -295,15 +295,16 @@ class RunDirectory:
         """Committed steps that read blocks of step ``step``."""
         return [other for other in self.committed_steps() if other != step and step in self.references(other)]
 
-    def manifest(self, step: int) -> Manifest:
-        """The parsed manifest of committed step ``step`` (its shards read too);
-        CorruptCheckpointError if unusable."""
+    def manifest(self, step: int, wanted: Callable[[Shard], bool] | None = None) -> Manifest:
+        """The parsed manifest of committed step ``step``, with the blocks of its shards
+        (those ``wanted``, or all: :meth:`Manifest.from_json`); CorruptCheckpointError if
+        unusable."""
         path = self.manifest_path(step)
         try:
             text = self.read_manifest(step)
         except (OSError, UnicodeDecodeError) as exc:
             raise CorruptCheckpointError(f"{path}: cannot read the manifest: {exc}") from exc
-        return Manifest.from_json(text, str(path), self.shard_reader(step))
+        return Manifest.from_json(text, str(path), self.shard_reader(step), wanted)
 
     def shard_reader(self, step: int) -> Callable[[str], str]:
         """What reads a file of committed step ``step``'s sharded manifest, by name."""
