@@ -19,7 +19,9 @@ count runs in a child process, so its peak memory is its own. What is timed:
 - ``restore``: rank 0 parses the manifest and cuts each rank's part of it (the blocks
   that rank reads); every other rank receives its part and plans its reads from it;
 - ``boxes``: ``check_tiling`` of one leaf over 1-D, 2-D and 3-D grids and a 3-D
-  recursive bisection of that many ranks.
+  recursive bisection of that many ranks, every rank count in one child process, timed
+  in turn (the fastest of 15 rounds), so that the growth checked is a ratio measured
+  in the same spell of this shared machine.
 
 It prints a table per part with its growth exponent from the first rank count to the
 last and between neighbouring ones (0: constant, 1: linear, 2: quadratic) and, without
@@ -186,11 +188,26 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     found["restore_bytes"] = len(pickle.dumps(manifest_parts[1], protocol=pickle.HIGHEST_PROTOCOL))
     found["restore_s"] = seconds(lambda: manifest_parts[1].tree_leaves)[0]
     found.update(sharded(ranks, kept.records, reports, chunks, values, requests))
-    for name, (shape, boxes) in {"1d": grid_boxes(ranks, 1), "2d": grid_boxes(ranks, 2), "3d": grid_boxes(ranks, 3),
-                                 "bisection": bisection_boxes(ranks)}.items():  # fmt: skip
-        found[f"boxes_{name}_s"] = min(seconds(lambda: check_tiling("u", shape, boxes))[0] for _ in range(9))
     found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return found
+
+
+BOX_SHAPES = ("1d", "2d", "3d", "bisection")
+
+
+@collection_paused()
+def box_checks(rank_counts: list[int], rounds: int = 15) -> dict[int, dict[str, float]]:
+    """``check_tiling`` of one leaf over each decomposition (``BOX_SHAPES``) at each rank
+    count: the fastest of ``rounds``, with the rank counts timed in turn within each
+    round, so that a slow spell of a shared machine slows every count alike instead of
+    one count's child process."""
+    cases = {(count, name): case for count in rank_counts for name, case in
+             zip(BOX_SHAPES, (grid_boxes(count, 1), grid_boxes(count, 2), grid_boxes(count, 3), bisection_boxes(count)))}
+    best = dict.fromkeys(cases, math.inf)
+    for _ in range(rounds):
+        for key, (shape, boxes) in cases.items():
+            best[key] = min(best[key], seconds(lambda: check_tiling("u", shape, boxes))[0])
+    return {count: {f"boxes_{name}_s": best[count, name] for name in BOX_SHAPES} for count in rank_counts}
 
 
 def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dict[str, int], dict[str, str]]],
@@ -458,10 +475,14 @@ def main() -> int:
                         "(default 2 4 8 16; with --quick 2 4)")  # fmt: skip
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: measure this rank count
+    parser.add_argument("--boxes", type=int, nargs="+", help=argparse.SUPPRESS)  # a child process: box_checks
     parser.add_argument("--count-into", type=Path, help=argparse.SUPPRESS)  # an MPI child: count_collectives
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.leaves)))
+        return 0
+    if args.boxes:
+        print(json.dumps(box_checks(args.boxes)))
         return 0
     if args.count_into:
         count_collectives(args.count_into)
@@ -473,9 +494,14 @@ def main() -> int:
         print(f"bench_scale: {count:,d} ranks x {args.leaves} leaves ...", flush=True)
         child = [sys.executable, __file__, "--one", str(count), "--leaves", str(args.leaves)]
         points.append(json.loads(run_child(child, timeout=1800)))
+    print(f"bench_scale: box checks at {', '.join(f'{count:,d}' for count in ranks)} ranks, timed in turn ...", flush=True)
+    timed = {int(count): found for count, found in json.loads(run_child(
+        [sys.executable, __file__, "--boxes", *map(str, ranks)], timeout=1800)).items()}  # fmt: skip
+    for point in points:
+        point.update(timed[point["ranks"]])
     print_table(points)
     ends = [points[0], points[-1]]  # first to last: steps between neighbours are noisier
-    worst = {key: exponents(ends, key)[0] for key in ("boxes_1d_s", "boxes_2d_s", "boxes_3d_s", "boxes_bisection_s")}
+    worst = {key: exponents(ends, key)[0] for key in (f"boxes_{name}_s" for name in BOX_SHAPES)}
     failed = [f"{key} grows as ranks^{value:.2f}" for key, value in worst.items() if value > 1.5]
     counted: dict[str, Any] = {}  # rank count -> per rank: per save and restore, calls and bytes received
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=".") as scratch:
