@@ -12,6 +12,10 @@ count runs in a child process, so its peak memory is its own. What is timed:
 - ``first save`` (of a layout): rank 0 receives every plan (their pickled bytes), runs
   ``merge_plans``, every backend's ``layout`` and cuts each rank's part
   (``Backend.parts``); another rank receives its part and keeps it for later saves;
+- ``groups``, the first save merged in the arrival groups instead (from 1024 ranks on,
+  posix and adios2): the first group's leader receives its group's plans, runs
+  ``merge_group``, lays its group out and cuts its ranks' parts; rank 0 receives every
+  leader's summary, runs ``check_groups`` and lays out the records without blocks;
 - ``later save``, on every rank but 0: ``plan_digests`` of its own plan and the one
   reduction of :func:`~hpckpt.protocols.coordinated.agree_on_layout`;
 - ``rank 0``, every save: the sync reports it gathers, ``fill_checksums`` and the
@@ -58,7 +62,9 @@ from hpckpt.model.layout import (
     AgreedLayout,
     LeafPlan,
     RankPlan,
+    check_groups,
     fill_checksums,
+    merge_group,
     merge_plans,
     plan_digests,
     records_by_rank,
@@ -80,7 +86,12 @@ collectives, per rank (P ranks, tree or recursive-doubling algorithms):
                    notices: each rank sends its group's leader one byte (groups of ceil(sqrt P)
                    ranks), each leader sends rank 0 one: at most 2 sqrt(P) received by any rank
   first save       gather of the plans to rank 0 (rank 0 receives P), then a scatter:
-                   rank 0 sends each rank its part of the layout, P - 1 messages
+                   rank 0 sends each rank its part of the layout, P - 1 messages; from 1024
+                   ranks on (posix with a file per rank, adios2) to each group's leader
+                   instead, which merges its sqrt(P) plans and sends rank 0 a summary (corner
+                   weights, bytes, Local block counts: rank 0 receives sqrt(P)); rank 0
+                   broadcasts to the leaders where each group's Local blocks start, and each
+                   leader sends each of its ranks its part
   later save       allreduce of 7 integers: 2 log2(P) messages of 56 B (and the watchdog's notices)
   sync             gather to rank 0: rank 0 receives P reports, the others send one; from
                    1024 ranks on (a sharded manifest) to each group's leader instead, which
@@ -156,10 +167,10 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     for backend in (PosixBackend(), HDF5Backend(), ADIOS2Backend()):
         found[f"layout_{backend.name}_s"], placed = seconds(lambda backend=backend: backend.layout(records))
     placed = PosixBackend().layout(records)
-    found["parts_s"], parts = seconds(lambda: PosixBackend().parts(placed, ranks))
+    found["parts_s"], parts = seconds(lambda: PosixBackend().parts(placed, range(ranks)))
     found["part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
-    found["keep_s"] = seconds(lambda: AgreedLayout.of(1, plan_digests(plans[1])[1], 1, ranks, parts[1]))[0]
-    kept = AgreedLayout.of(1, plan_digests(plans[0])[1], 0, ranks, placed)  # rank 0's: every record
+    found["keep_s"] = seconds(lambda: AgreedLayout.of(1, plan_digests(plans[1])[1], 1, ranks, parts[1], 0))[0]
+    kept = AgreedLayout.of(1, plan_digests(plans[0])[1], 0, ranks, placed, 0)  # rank 0's: every record
     found["later_s"] = min(seconds(lambda: plan_digests(plans[1]))[0] for _ in range(20))
     found["later_bytes"] = 7 * 8
     reports = [
@@ -188,6 +199,7 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     found["restore_bytes"] = len(pickle.dumps(manifest_parts[1], protocol=pickle.HIGHEST_PROTOCOL))
     found["restore_s"] = seconds(lambda: manifest_parts[1].tree_leaves)[0]
     found.update(sharded(ranks, kept.records, reports, chunks, values, requests))
+    found.update(in_groups(ranks, plans))
     found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return found
 
@@ -210,13 +222,34 @@ def box_checks(rank_counts: list[int], rounds: int = 15) -> dict[int, dict[str, 
     return {count: {f"boxes_{name}_s": best[count, name] for name in BOX_SHAPES} for count in rank_counts}
 
 
+def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
+    """A first save merged in the arrival groups (from 1024 ranks on, posix and adios2):
+    what the leader of the first group receives, merges and lays out, what rank 0
+    receives from the leaders and checks, what each leader then receives from rank 0."""
+    first = arrival_group(0, ranks)
+    found: dict[str, Any] = {"group_plans_bytes": len(pickle.dumps(plans[first.start : first.stop],
+                                                                    protocol=pickle.HIGHEST_PROTOCOL))}  # fmt: skip
+    found["group_merge_s"], (records, _) = seconds(lambda: merge_group(plans[first.start : first.stop], first.start, ranks))
+    summaries = [merge_group(plans[leader : leader + len(first)], leader, ranks)[1] for leader in range(0, ranks, len(first))]
+    found["summaries_bytes"] = len(pickle.dumps(summaries, protocol=pickle.HIGHEST_PROTOCOL))
+    found["check_groups_s"], verdict = seconds(lambda: check_groups(summaries))
+    assert verdict is not None
+    found["first_blocks_bytes"] = len(pickle.dumps(verdict.first_blocks, protocol=pickle.HIGHEST_PROTOCOL))
+    for backend in (PosixBackend(), ADIOS2Backend()):
+        found[f"group_layout_{backend.name}_s"], parts = seconds(
+            lambda backend=backend: backend.parts(backend.layout(records, verdict.first_blocks[0]), first))
+    found["group_part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
+    found["headers_layout_s"] = seconds(lambda: PosixBackend().layout(verdict.headers))[0]
+    return found
+
+
 def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dict[str, int], dict[str, str]]],
             chunks: dict[str, tuple[str, ...]], values: dict[str, Any],
             requests: list[ReadRequest]) -> dict[str, Any]:  # fmt: skip
     """A sharded manifest (from 1024 ranks on): what the leader of the first group receives
     and writes in a save, what rank 0 receives and writes, and what the leader of a group
     in the middle reads and cuts in a restore on as many ranks."""
-    by_rank = records_by_rank(records, ranks)  # each rank's own blocks, as it holds them after the merge
+    by_rank = records_by_rank(records, range(ranks))  # each rank's own blocks, as it holds them after the merge
 
     def report_of(rank: int) -> tuple[dict[str, int], dict[str, Block]]:
         blocks = [BlockData(record, record.blocks[0], np.empty(0)) for record in by_rank[rank] if record.blocks]
@@ -403,6 +436,15 @@ PARTS = [  # (key, heading, unit)
     ("parts_s", "first save: rank 0 cuts the parts (posix)", "s"),
     ("part_bytes", "first save: the part another rank receives", "MB"),
     ("keep_s", "first save: a rank keeps its part", "s"),
+    ("group_plans_bytes", "groups: plans a leader receives", "MB"),
+    ("group_merge_s", "groups: merge_group on a leader", "s"),
+    ("group_layout_posix_s", "groups: a leader's posix layout and parts", "s"),
+    ("group_layout_adios2_s", "groups: a leader's adios2 layout and parts", "s"),
+    ("summaries_bytes", "groups: summaries rank 0 receives", "MB"),
+    ("check_groups_s", "groups: check_groups on rank 0", "s"),
+    ("headers_layout_s", "groups: rank 0 lays out the records", "s"),
+    ("first_blocks_bytes", "groups: rank 0 sends each leader", "MB"),
+    ("group_part_bytes", "groups: the part another rank receives", "MB"),
     ("later_s", "later save: planning on a rank (digests)", "s"),
     ("later_bytes", "later save: bytes a rank receives", "MB"),
     ("sync_bytes", "rank 0: sync reports received", "MB"),
@@ -445,7 +487,8 @@ def plot(points: list[dict[str, Any]], out: Path) -> Path:
 
     figure, (times, sizes) = plt.subplots(1, 2, figsize=(12, 4.5))
     ranks = [point["ranks"] for point in points]
-    styles = {"first": "-", "later": "--", "rank": ":", "restore": "-.", "boxes": (0, (1, 3))}  # one per group
+    styles = {"first": "-", "groups": (0, (5, 1)), "later": "--", "rank": ":", "restore": "-.",  # one per group
+              "boxes": (0, (1, 3))}  # fmt: skip
     for key, heading, unit in PARTS:
         style = {"linestyle": styles.get(heading.split()[0].rstrip(":"), "-"), "marker": "o"}
         if unit == "s":

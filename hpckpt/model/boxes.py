@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, B
         elements no rank covers.
     """
     for rank, (offset, shape) in boxes.items():
-        if len(offset) != len(global_shape) or any(o + n > g for o, n, g in zip(offset, shape, global_shape)):
+        if not box_fits((offset, shape), global_shape):
             raise InvalidStateError(
                 f"Distributed leaf {path!r}: rank {rank}'s box (offset {offset}, shape {shape}) "
                 f"does not fit in global_shape {global_shape}"
@@ -61,30 +62,69 @@ def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, B
         )
 
 
+def box_fits(box: Box, global_shape: tuple[int, ...]) -> bool:
+    """Whether ``box`` (offset, shape) lies inside an array of ``global_shape``."""
+    offset, shape = box
+    return len(offset) == len(global_shape) and all(o + n <= g for o, n, g in zip(offset, shape, global_shape))
+
+
 def tiles_exactly(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int, ...]) -> bool:
     """Whether the boxes ``[starts, ends)`` (each ``(boxes, ndim)``, inside
-    ``global_shape``) cover every element of the array exactly once. O(n 2^ndim log n).
+    ``global_shape``, ``ndim >= 1``) cover every element of the array exactly once.
+    O(n 2^ndim log n).
 
     A box's indicator is the running sum, along every axis, of signed points at its
     corners (+1 at its start, -1 one past its end on one axis, +1 on two, ...). Running
     sums are one to one, so the boxes tile the array exactly when their corner weights,
-    added up point by point, leave exactly the array's own corners.
+    added up point by point, leave exactly the array's own corners
+    (:func:`corner_weights`; they add up across groups of boxes, :func:`add_weights`).
     """
+    return corner_weights(starts, ends, global_shape) == whole_array_weights(global_shape)
+
+
+def corner_weights(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int, ...]) -> dict[Any, int]:
+    """The boxes' corner weights (see :func:`tiles_exactly`) added up point by point, the
+    points whose sum is not 0 only, each as a key that depends on ``global_shape`` alone
+    (so the weights of different groups of boxes of one array add up). Pure."""
     ndim = starts.shape[1]
-    masks = np.array([[(choice >> axis) & 1 for axis in range(ndim)] for choice in range(1 << ndim)], dtype=bool)
+    masks = _corner_masks(ndim)
     corner_signs = np.where(masks.sum(axis=1) % 2, -1, 1)  # of each corner, by how many axes it takes an end on
     corners = np.where(masks[:, None, :], ends[None, :, :], starts[None, :, :]).reshape(-1, ndim)
-    signs = np.repeat(corner_signs, len(starts))
-    whole = np.where(masks, np.array(global_shape, dtype=np.int64), 0)
-    if math.prod(n + 1 for n in global_shape) < 1 << 62:  # a corner as one number: a 1-d sort, 3x faster
-        keys = np.ravel_multi_index(corners.T, tuple(n + 1 for n in global_shape))
-        expected_keys = np.ravel_multi_index(whole.T, tuple(n + 1 for n in global_shape))
-    else:
-        keys, expected_keys = _row_keys(corners), _row_keys(whole)
+    keys = _point_keys(corners, global_shape)
     points, where = np.unique(keys, return_inverse=True)
-    weights = np.bincount(where.reshape(-1), weights=signs, minlength=len(points))
-    left = {key: weight for key, weight in zip(points[weights != 0].tolist(), weights[weights != 0].tolist())}
-    return left == dict(zip(expected_keys.tolist(), corner_signs.tolist()))
+    weights = np.bincount(where.reshape(-1), weights=np.repeat(corner_signs, len(starts)), minlength=len(points))
+    kept = weights != 0
+    return dict(zip(points[kept].tolist(), weights[kept].astype(np.int64).tolist()))
+
+
+def whole_array_weights(global_shape: tuple[int, ...]) -> dict[Any, int]:
+    """The corner weights of one box that is the whole array (of at least one axis)."""
+    ndim = len(global_shape)
+    return corner_weights(np.zeros((1, ndim), dtype=np.int64), np.array([global_shape], dtype=np.int64), global_shape)
+
+
+def add_weights(total: dict[Any, int], weights: Mapping[Any, int]) -> None:
+    """Add ``weights`` into ``total`` point by point, dropping the points that reach 0."""
+    for key, weight in weights.items():
+        summed = total.get(key, 0) + weight
+        if summed:
+            total[key] = summed
+        else:
+            total.pop(key, None)
+
+
+def _corner_masks(ndim: int) -> np.ndarray:
+    """Row ``c``: which axes corner ``c`` of a box takes its end on (``2^ndim`` rows)."""
+    return np.array([[(choice >> axis) & 1 for axis in range(ndim)] for choice in range(1 << ndim)], dtype=bool)
+
+
+def _point_keys(points: np.ndarray, global_shape: tuple[int, ...]) -> np.ndarray:
+    """Each point (a row of ``points``, inside ``global_shape`` or one past its end) as one
+    sortable, comparable value: its index in C order when that fits an int64 (a 1-d
+    sort, 3x faster), else its bytes."""
+    if math.prod(n + 1 for n in global_shape) < 1 << 62:
+        return np.ravel_multi_index(points.T, tuple(n + 1 for n in global_shape))
+    return _row_keys(points)
 
 
 def _row_keys(rows: np.ndarray) -> np.ndarray:

@@ -3,7 +3,9 @@
 Every rank builds a :class:`RankPlan` of its own leaves. The first save of a layout
 gathers every plan to rank 0, which merges them with :func:`merge_plans` (a bad layout
 is an error that names leaf and ranks) and gives each rank its part of the laid-out
-records (:func:`records_by_rank`). A later save whose ranks all give the plans'
+records (:func:`records_by_rank`). From many ranks on, the leaders of groups of ranks
+merge their group's plans instead (:func:`merge_group`) and rank 0 only adds up what
+the groups tell it (:func:`check_groups`). A later save whose ranks all give the plans'
 :func:`plan_digests` of that layout again reuses it (:class:`AgreedLayout`): no plan
 travels. A rank's Local leaves of at most :data:`PACK_LIMIT` bytes are planned as
 members of its pack (one block at ``PACK_PATH``, see :mod:`hpckpt.model.manifest`).
@@ -14,14 +16,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ..checksum import text_checksum
 from ..errors import InvalidStateError
-from .boxes import Box, check_tiling
+from .boxes import Box, add_weights, box_fits, check_tiling, corner_weights, whole_array_weights
 from .manifest import PACK_PATH, PACKED, Block, LeafRecord, Member, describe_encoding
 
 MIN_REPLICATED_CHUNK = 4 << 20  # bytes: a replicated array is written in row chunks of at least this size
@@ -143,30 +145,32 @@ class AgreedLayout:
     size: int
     records: tuple[LeafRecord, ...]
     own: tuple[tuple[LeafRecord, Block], ...]
+    nbytes: int  # the bytes of the whole step, as rank 0 knows them (0 elsewhere)
 
     @classmethod
-    def of(cls, step: int, digest: int, rank: int, size: int, records: Sequence[LeafRecord]) -> AgreedLayout:
-        """The layout of ``records`` (merged and laid out in save ``step``), as kept by
-        ``rank`` of ``size``, whose plan's layout digest was ``digest``."""
+    def of(cls, step: int, digest: int, rank: int, size: int, records: Sequence[LeafRecord], nbytes: int) -> AgreedLayout:
+        """The layout of ``records`` (merged and laid out in save ``step``, a step of
+        ``nbytes``), as kept by ``rank`` of ``size``, whose plan's layout digest was
+        ``digest``."""
         own = tuple((record, block) for record in records for block in record.blocks if block.rank == rank)
-        return cls(step, digest, size, tuple(records), own)
+        return cls(step, digest, size, tuple(records), own, nbytes)
 
 
 def records_by_rank(
-    records: Sequence[LeafRecord], size: int, group_of: Callable[[int], int] | None = None
+    records: Sequence[LeafRecord], ranks: range, group_of: Callable[[int], int] | None = None
 ) -> list[tuple[LeafRecord, ...]]:
-    """For each rank of ``size``: every record of ``records``, with only the blocks of the
-    ranks in its group (``group_of(rank)``; by default its own). One pass. Pure."""
+    """For each rank of ``ranks``: every record of ``records``, with only the blocks of
+    the ranks in its group (``group_of(rank)``; by default its own). One pass. Pure."""
     key = group_of or (lambda rank: rank)
-    keys = [key(rank) for rank in range(size)]
-    parts: list[list[LeafRecord]] = [[] for _ in range(size)]
+    keys = [key(rank) for rank in ranks]
+    parts: list[list[LeafRecord]] = [[] for _ in ranks]
     for record in records:
         grouped: dict[int, list[Block]] = {}
         for block in record.blocks:
             grouped.setdefault(key(block.rank), []).append(block)
-        for rank, part in enumerate(parts):  # direct construction: dataclasses.replace costs 5 us a call
+        for number, part in enumerate(parts):  # direct construction: dataclasses.replace costs 5 us a call
             part.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape,
-                                   tuple(grouped.get(keys[rank], ())), record.location, record.encoding))  # fmt: skip
+                                   tuple(grouped.get(keys[number], ())), record.location, record.encoding))  # fmt: skip
     return [tuple(part) for part in parts]
 
 
@@ -190,12 +194,96 @@ def merge_plans(plans: Sequence[RankPlan], *, complete: bool = True) -> tuple[tu
     for rank, plan in enumerate(plans[1:], start=1):
         _check_same_tree(reference, trees[0], plan, trees[rank], rank)
     _check_local_leaves_agree(plans)
+    records = tuple(_merge_leaf(per_rank, complete) for per_rank in _leaves_by_path(plans, 0))
+    return records, dict(reference.values)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """What a group's leader tells rank 0 of its group's plans (:func:`merge_group`)."""
+
+    first: int  # the group's first rank
+    headers: tuple[LeafRecord, ...]  # the group's records, without blocks
+    corners: dict[str, dict[Any, int]]  # per distributed leaf: its boxes' corner weights (model/boxes.py)
+    fits: bool  # whether every box lies inside its global array
+    nbytes: int  # the bytes of the group's blocks
+    stored: dict[str, int]  # per Local leaf: how many of the group's blocks hold bytes
+
+
+@dataclass(frozen=True)
+class GroupsVerdict:
+    """Rank 0's verdict on the groups' summaries (:func:`check_groups`)."""
+
+    headers: tuple[LeafRecord, ...]  # every record of the step, without blocks, in rank order
+    nbytes: int  # the bytes of the whole step
+    first_blocks: dict[int, dict[str, int]]  # by group (its first rank): per Local leaf, the blocks holding bytes before it
+
+
+def merge_group(plans: Sequence[RankPlan], first: int, size: int) -> tuple[tuple[LeafRecord, ...], GroupSummary]:
+    """Merge the plans of ranks ``first``, ``first + 1``, ... of ``size`` (a group), whose
+    agreement digests (:func:`plan_digests`) are those of every rank: the tree, kinds,
+    dtypes, global shapes, replicated arrays and values then agree everywhere, and only
+    the tiling of the distributed leaves is left to check across groups (by
+    :func:`check_groups`, from each group's corner weights). Pure.
+
+    Returns the group's records, with the blocks of its ranks, and its summary.
+    """
+    records = tuple(
+        LeafRecord(leaf.path, leaf.kind, leaf.dtype, leaf.shape if leaf.kind == "replicated" else leaf.global_shape,
+                   _leaf_blocks(per_rank, size), encoding=leaf.encoding)
+        for per_rank in _leaves_by_path(plans, first) for leaf in (per_rank[0][1],)
+    )  # fmt: skip
+    corners: dict[str, dict[Any, int]] = {}
+    fits = True
+    for record in records:
+        if record.kind == "distributed":
+            assert record.global_shape is not None  # every distributed leaf has one (see LeafPlan)
+            boxes = [(block.offset, block.shape) for block in record.blocks]
+            fits = fits and bool(record.global_shape) and all(box_fits(box, record.global_shape) for box in boxes)
+            filled = [box for box in boxes if math.prod(box[1]) > 0]
+            if fits and filled:
+                starts = np.array([offset for offset, _ in filled], dtype=np.int64)
+                corners[record.path] = corner_weights(starts, starts + np.array([shape for _, shape in filled]),
+                                                      record.global_shape)  # fmt: skip
+    stored = {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == "local"}
+    headers = tuple(replace(record, blocks=()) for record in records)
+    return records, GroupSummary(first, headers, corners, fits, sum(record.nbytes for record in records), stored)
+
+
+def check_groups(summaries: Sequence[GroupSummary]) -> GroupsVerdict | None:
+    """Rank 0's check of every group's summary (in rank order): the verdict when every
+    distributed leaf's boxes tile its global array exactly (their corner weights, added
+    up over the groups, leave exactly the array's own corners), else None: the plans
+    must then be merged whole (:func:`merge_plans`), which names the leaf and ranks. Pure.
+    """
+    if not all(summary.fits for summary in summaries):
+        return None
+    headers: dict[str, LeafRecord] = {}
+    totals: dict[str, dict[Any, int]] = {}
+    for summary in summaries:
+        for header in summary.headers:
+            headers.setdefault(header.path, header)
+        for path, weights in summary.corners.items():
+            add_weights(totals.setdefault(path, {}), weights)
+    for path, header in headers.items():
+        if header.kind == "distributed" and totals.get(path, {}) != whole_array_weights(header.global_shape or ()):
+            return None
+    first_blocks, running = {}, dict.fromkeys((path for path, header in headers.items() if header.kind == "local"), 0)
+    for summary in summaries:
+        first_blocks[summary.first] = {path: running[path] for path in summary.stored}
+        for path, count in summary.stored.items():
+            running[path] += count
+    return GroupsVerdict(tuple(headers.values()), sum(summary.nbytes for summary in summaries), first_blocks)
+
+
+def _leaves_by_path(plans: Sequence[RankPlan], first: int) -> list[list[tuple[int, LeafPlan]]]:
+    """Each leaf's plans with their ranks (``plans[0]`` is rank ``first``'s), leaves in the
+    order the ranks first give them."""
     by_path: dict[str, list[tuple[int, LeafPlan]]] = {}
-    for rank, plan in enumerate(plans):
+    for rank, plan in enumerate(plans, start=first):
         for leaf in plan.leaves:
             by_path.setdefault(leaf.path, []).append((rank, leaf))
-    records = tuple(_merge_leaf(per_rank, complete) for per_rank in by_path.values())
-    return records, dict(reference.values)
+    return list(by_path.values())
 
 
 def _tree(plan: RankPlan) -> dict[str, str]:
@@ -255,21 +343,26 @@ def _merge_leaf(per_rank: list[tuple[int, LeafPlan]], complete: bool) -> LeafRec
         agreed += (first.shape, first.chunk_checksums)
     if any(_agreed_fields(leaf, len(agreed)) != agreed for _, leaf in per_rank):
         _raise_disagreement(per_rank)
-    if first.kind == "replicated":  # rank r writes chunk r (see replicated_chunks); every rank has the leaf
-        chunks = replicated_chunks(first.shape, np.dtype(first.dtype).itemsize, len(per_rank))
-        blocks: tuple[Block, ...] = tuple(
-            Block(rank, offset, shape, per_rank[rank][1].checksum, _stored(per_rank[rank][1]))
-            for rank, (offset, shape) in enumerate(chunks)
-        )
+    blocks = _leaf_blocks(per_rank, len(per_rank))  # a replicated leaf is on every rank
+    if first.kind == "replicated":
         return LeafRecord(first.path, first.kind, first.dtype, first.shape, blocks, encoding=first.encoding)
-    blocks = tuple(
-        Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf), tuple(map(Member._make, leaf.members)))
-        for rank, leaf in per_rank
-    )
     if first.kind == "distributed":
         assert first.global_shape is not None  # every distributed leaf has one (see LeafPlan)
         check_tiling(first.path, first.global_shape, {b.rank: (b.offset, b.shape) for b in blocks}, cover=complete)
     return LeafRecord(first.path, first.kind, first.dtype, first.global_shape, blocks, encoding=first.encoding)
+
+
+def _leaf_blocks(per_rank: list[tuple[int, LeafPlan]], size: int) -> tuple[Block, ...]:
+    """The blocks of one leaf's plans (with their ranks, of ``size``); a replicated leaf
+    has a chunk on each of its first ranks (:func:`replicated_chunks`): rank r writes chunk r."""
+    first = per_rank[0][1]
+    if first.kind == "replicated":
+        chunks = replicated_chunks(first.shape, np.dtype(first.dtype).itemsize, size)
+        return tuple(Block(rank, *chunks[rank], leaf.checksum, _stored(leaf)) for rank, leaf in per_rank if rank < len(chunks))
+    return tuple(
+        Block(rank, leaf.offset, leaf.shape, leaf.checksum, _stored(leaf), tuple(map(Member._make, leaf.members)))
+        for rank, leaf in per_rank
+    )
 
 
 def fill_checksums(

@@ -13,6 +13,11 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
    everywhere), for an incremental save reads the manifest of the step to compare with
    and drops the blocks it already holds (:mod:`hpckpt.model.delta`), lays the step
    out and sends each rank its part (:meth:`~hpckpt.storage.base.Backend.parts`).
+   From :func:`manifest_shard_ranks` ranks on (full saves whose ranks all agree on the
+   tree, with a backend that lays out in groups), the leaders of groups of about
+   sqrt(P) ranks merge their group's plans and rank 0 only checks what they sum up
+   (:func:`lay_out_in_groups`: ``plans to leaders``, ``merge in groups``, ``check the
+   groups``, ``lay out in groups``); a layout that fails that check is merged whole.
    ``prepare``: rank 0 checks the space and makes ``step-N.tmp``.
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
@@ -52,8 +57,10 @@ from .._comm import (
     gather_phase,
     io_deadline,
     run_phase,
+    scatter_in_groups,
     scatter_phase,
     share_phase,
+    share_with_leaders,
 )
 from .._gc import collection_paused
 from .._hooks import point
@@ -68,10 +75,13 @@ from ..model.layout import (
     LATER,
     PACK_LIMIT,
     AgreedLayout,
+    GroupSummary,
     LeafPlan,
     PlannedMember,
     RankPlan,
+    check_groups,
     fill_checksums,
+    merge_group,
     merge_plans,
     pack_plan,
     packed_bytes,
@@ -113,7 +123,8 @@ class SaveReport:
     """What one save did: its step, bytes this rank staged, phase timings (s), deleted
     steps, the bytes this rank wrote (fewer than staged when blocks were reused), and
     whether the ranks' plans were gathered and merged (else the layout of an earlier
-    save was agreed on and reused, see :func:`agree_on_layout`)."""
+    save was agreed on and reused, see :func:`agree_on_layout`), and if so whether by
+    the leaders of the arrival groups (:func:`lay_out_in_groups`) instead of rank 0."""
 
     step: int
     local_bytes: int
@@ -121,6 +132,7 @@ class SaveReport:
     deleted_steps: tuple[int, ...]
     written_bytes: int = 0
     plans_gathered: bool = True
+    merged_in_groups: bool = False
 
 
 def plan_local(
@@ -363,12 +375,21 @@ def save_coordinated(
 
     rank_plan = timed("plan", plan)
     digests = plan_digests(rank_plan)
-    agreed = agree_on_layout(comm, step, digests, None if delta_planned else layouts)
+    agreed, trees_agree = agree_on_layout(comm, step, digests, None if delta_planned else layouts)
     values, dims = rank_plan.values, rank_plan.dims  # alike on every rank: agreed, or checked by merge_plans
     delta: Delta | None = None
+    in_groups = agreed is None and sharded and trees_agree and backend.lays_out_in_groups
+    grouped = lay_out_in_groups(comm, rank_plan, backend, timed) if in_groups else None
     if agreed is not None:
         merged = records = agreed.records
+        step_bytes = agreed.nbytes
         own_blocks = [BlockData(record, block, staged[record.path]) for record, block in agreed.own]
+    elif grouped is not None:
+        merged = records = grouped[0]
+        step_bytes = grouped[1]
+        if layouts is not None:
+            layouts.last = AgreedLayout.of(step, digests[1], rank, comm.size, records, step_bytes)
+        own_blocks = blocks_of_rank(records, staged, rank)
     else:
         plans = comm.gather(rank_plan, root=0)
         laid_out: list[RootLayout] = []  # rank 0's, which keeps every record for the manifest
@@ -389,13 +410,13 @@ def save_coordinated(
         merged = records = part
         if laid_out:
             merged, values, delta, records = laid_out[0].merged, laid_out[0].values, laid_out[0].delta, laid_out[0].records
+        step_bytes = sum(record.nbytes for record in records) if rank == 0 else 0  # rank 0 holds every block
         if layouts is not None and not delta_planned:
-            layouts.last = AgreedLayout.of(step, digests[1], rank, comm.size, records)
+            layouts.last = AgreedLayout.of(step, digests[1], rank, comm.size, records, step_bytes)
         own_blocks = blocks_of_rank(records, staged, rank)
     annotations = (Annotations(values, dims),) if backend.shows_annotations else ()
 
-    # rank 0 holds every record: the step's bytes
-    timed("prepare", lambda: run_dir.prepare(step, sum(record.nbytes for record in records)) if rank == 0 else None)
+    timed("prepare", lambda: run_dir.prepare(step, step_bytes) if rank == 0 else None)
     temp = run_dir.temp_path(step)
     checksums = checksum_in_background(deferred)
 
@@ -437,6 +458,7 @@ def save_coordinated(
         point("save.commit")
         if rank != 0:
             return
+        sizes = merge_sizes(sizes_seen)
         if shards:
             leaves = tuple(replace(record, blocks=()) for record in records)  # their blocks are in the shards
         else:
@@ -452,7 +474,7 @@ def save_coordinated(
             values=values,
             created=created,
             committed=time.time(),
-            files=dict.fromkeys(files),
+            files=dict.fromkeys(sorted({*files, *sizes})),  # laid out in groups, rank 0's files are its own
             metric=None if metric is None else float(metric),
             file_checksums=dict.fromkeys(backend.metadata_files(files)),
             delta_base=delta.base if delta is not None and delta.reused else None,
@@ -461,7 +483,7 @@ def save_coordinated(
             dims=dims,
             shards=tuple(shards),
         )
-        run_dir.commit(manifest, merge_sizes(sizes_seen))
+        run_dir.commit(manifest, sizes)
 
     timed("commit", commit)
 
@@ -473,7 +495,7 @@ def save_coordinated(
     deleted = timed("retain", delete_old_steps, share_phase)
     local_bytes = sum(array.nbytes for array in staged.values())
     written = sum(data.array.nbytes for data in own_blocks)
-    return SaveReport(step, local_bytes, seconds, tuple(deleted), written, agreed is None)
+    return SaveReport(step, local_bytes, seconds, tuple(deleted), written, agreed is None, grouped is not None)
 
 
 def own_report(
@@ -531,7 +553,57 @@ def lay_out_on_root(
     base_manifest = base_of() if base_of is not None else None
     delta = plan_delta(merged, base_manifest, backend.name, ALGORITHM) if base_manifest is not None else None
     records = backend.layout(to_write(merged, delta))
-    return RootLayout(merged, values, delta, records, backend.parts(records, size))
+    return RootLayout(merged, values, delta, records, backend.parts(records, range(size)))
+
+
+def lay_out_in_groups(
+    comm: MPI.Comm, plan: RankPlan, backend: Backend, timed: Callable[..., Any]
+) -> tuple[tuple[LeafRecord, ...], int] | None:
+    """Merge and lay out the plans in the arrival groups (:func:`~hpckpt._comm.arrival_group`)
+    instead of on rank 0: each leader gathers its group's plans and merges them
+    (:func:`~hpckpt.model.layout.merge_group`), rank 0 adds up the leaders' summaries
+    (:func:`~hpckpt.model.layout.check_groups`: the tiling of every distributed leaf, the
+    step's bytes, where each group's Local blocks start), and each leader lays out its
+    group and sends each of its ranks its part. A leader receives its group's plans,
+    rank 0 the leaders' summaries: about sqrt(P) of either.
+
+    Collective over ``comm``, whose ranks all gave the same agreement digest
+    (:func:`agree_on_layout`), with a backend that :attr:`~hpckpt.storage.base.Backend.lays_out_in_groups`;
+    ``timed(name, action, collective)`` runs each phase. Returns this rank's records
+    (rank 0's: every record, with its own blocks) and, on rank 0, the step's bytes
+    (0 elsewhere); None on every rank when some leaf's boxes do not tile its array: the
+    plans must then be merged whole (:func:`lay_out_on_root`), which names leaf and ranks.
+    """
+    group = arrival_group(comm.rank, comm.size)
+    plans = timed("plans to leaders", lambda: plan, gather_in_groups)
+    merged: list[tuple[LeafRecord, ...]] = []
+
+    def merge() -> GroupSummary | None:
+        point("save.merge")
+        if plans is None:  # not a leader
+            return None
+        records, summary = merge_group(plans, group.start, comm.size)
+        merged.append(records)
+        return summary
+
+    summaries = timed("merge in groups", merge, gather_from_leaders)
+    verdict = timed("check the groups", lambda: None if summaries is None else check_groups(summaries))
+    first_blocks = share_with_leaders(comm, None if verdict is None else verdict.first_blocks)
+
+    def cut() -> list[tuple[LeafRecord, ...] | None] | None:
+        if plans is None:
+            return None
+        if first_blocks is None:  # the boxes do not tile: every rank merges whole
+            return [None] * len(group)
+        return list(backend.parts(backend.layout(merged[0], first_blocks[group.start]), group))
+
+    part = timed("lay out in groups", cut, scatter_in_groups)
+    if part is None:
+        return None
+    if verdict is None:  # every rank but 0
+        return part, 0
+    own = {record.path: record.blocks for record in part}
+    return tuple(replace(record, blocks=own.get(record.path, ())) for record in backend.layout(verdict.headers)), verdict.nbytes
 
 
 class LayoutMemory:
@@ -543,10 +615,11 @@ class LayoutMemory:
 
 def agree_on_layout(
     comm: MPI.Comm, step: int, digests: tuple[int, int], memory: LayoutMemory | None
-) -> AgreedLayout | None:
+) -> tuple[AgreedLayout | None, bool]:
     """The remembered layout when every rank's plan gives it again, else None (the plans
-    must then be gathered and merged). Collective over ``comm``: one reduction of seven
-    integers, after the plan phase.
+    must then be gathered and merged), and whether every rank gave the same agreement
+    digest. Collective over ``comm``: one reduction of seven integers, after the plan
+    phase.
 
     Every rank must save the same ``step`` and give the same agreement digest (the
     first of its plan's ``digests``, :func:`~hpckpt.model.layout.plan_digests`),
@@ -570,8 +643,9 @@ def agree_on_layout(
     if lowest[0] != -lowest[1]:
         per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(comm.allgather(step)))
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
-    alike = lowest[2] == -lowest[3] and lowest[4] == -lowest[5] and lowest[6] == 0
-    return last if alike else None
+    trees_agree = bool(lowest[2] == -lowest[3])
+    alike = trees_agree and lowest[4] == -lowest[5] and lowest[6] == 0
+    return (last if alike else None), trees_agree
 
 
 def own_checksums(plan: RankPlan) -> dict[str, str]:

@@ -107,6 +107,7 @@ class Backend:
     """
 
     name: str = ""
+    lays_out_in_groups: bool = False  # see layout()
     writes_in_place: bool = False
     collective_write: bool = False
     shows_annotations: bool = False
@@ -123,15 +124,21 @@ class Backend:
         """Whether a restore gives back leaf ``path``'s bytes exactly. Pure. Default: True."""
         return True
 
-    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
-        """``records`` with their storage locations filled in. Pure and deterministic."""
+    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
+        """``records`` with their storage locations filled in. Pure and deterministic.
+
+        Where :attr:`lays_out_in_groups`, ``records`` may hold the blocks of a group of
+        consecutive ranks only (a leader's, see model/layout.py ``merge_group``);
+        ``first_blocks`` then gives, per Local leaf, how many blocks holding bytes the
+        ranks before the group have. The blocks are placed as in a layout of all ranks.
+        """
         raise NotImplementedError
 
-    def parts(self, records: Sequence[LeafRecord], size: int) -> list[tuple[LeafRecord, ...]]:
-        """What each rank of ``size`` passes to :meth:`write` as its ``records``, of the
-        laid-out ``records`` (rank 0 passes them all). Pure; rank 0 computes it once per
-        layout. Default: every record, with only that rank's blocks."""
-        return records_by_rank(records, size)
+    def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
+        """What each rank of ``ranks`` passes to :meth:`write` as its ``records``, of the
+        laid-out ``records`` (rank 0 passes them all, unless laid out in groups). Pure;
+        computed once per layout. Default: every record, with only that rank's blocks."""
+        return records_by_rank(records, ranks)
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]

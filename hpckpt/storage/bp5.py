@@ -115,6 +115,7 @@ class ADIOS2Backend(Backend):
     """
 
     name = "adios2"
+    lays_out_in_groups = True  # a group's Local blocks are numbered after first_blocks
     writes_in_place = True  # a recycled data.bp/ is written into (see write)
     collective_write = True  # the aggregators gather the other ranks' data and metadata
 
@@ -129,8 +130,9 @@ class ADIOS2Backend(Backend):
         self.engine = engine
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
 
-    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
-        """Variables are named by leaf path; local blocks get their ADIOS2 block id."""
+    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
+        """Variables are named by leaf path; local blocks get their ADIOS2 block id: their
+        index among the blocks holding bytes, in rank order (after ``first_blocks``)."""
         placed = []
         for record in records:
             location: dict[str, Any] = {"directory": DIRECTORY_NAME, "variable": record.path}
@@ -139,7 +141,7 @@ class ADIOS2Backend(Backend):
             blocks = record.blocks
             if record.kind == "local":
                 stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
-                ids = {block.rank: index for index, block in enumerate(stored)}
+                ids = {block.rank: index for index, block in enumerate(stored, start=(first_blocks or {}).get(record.path, 0))}
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks = tuple(
                     Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}, b.members) if b.size else b

@@ -105,7 +105,7 @@ class HDF5Backend(Backend):
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
         self.direct_io = bool(direct_io)
 
-    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
         return tuple(  # direct construction: dataclasses.replace costs 5 us a call
             LeafRecord(r.path, r.kind, r.dtype, r.global_shape, _marked_blocks(r), {"file": FILE_NAME, "dataset": f"/{r.path}"},

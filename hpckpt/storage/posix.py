@@ -124,7 +124,12 @@ class PosixBackend(Backend):
         """The file that holds ``rank``'s segment."""
         return f"data-{rank // self.ranks_per_file:05d}.bin"
 
-    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+    @property
+    def lays_out_in_groups(self) -> bool:  # type: ignore[override]  # a property of the instance here
+        """A file per rank: no rank's offsets depend on another's blocks."""
+        return self.ranks_per_file == 1
+
+    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
         """Give every block a file and byte offset (the same on every rank)."""
         relative: dict[tuple[str, int], int] = {}
         segment_bytes: dict[int, int] = {}
@@ -133,8 +138,9 @@ class PosixBackend(Backend):
             relative[(record.path, block.rank)] = start
             segment_bytes[rank] = start + _stored_size(record, block)
         world = _world_size(records)
+        first = min(segment_bytes, default=0)
         segment_start: dict[int, int] = {}
-        for rank in range(world):
+        for rank in range(first - first % self.ranks_per_file, world):  # records may hold a group's blocks only
             first_in_file = rank - rank % self.ranks_per_file
             if rank == first_in_file:
                 segment_start[rank] = 0
@@ -158,10 +164,10 @@ class PosixBackend(Backend):
             )
         return tuple(placed)
 
-    def parts(self, records: Sequence[LeafRecord], size: int) -> list[tuple[LeafRecord, ...]]:
+    def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
         """Each rank's records hold the blocks of every rank of its file: it truncates a
         recycled file to the end of the last of them."""
-        return records_by_rank(records, size, lambda rank: rank // self.ranks_per_file)
+        return records_by_rank(records, ranks, lambda rank: rank // self.ranks_per_file)
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]

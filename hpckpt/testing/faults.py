@@ -15,7 +15,9 @@ Faults fire only on the first attempt of a relaunched or requeued job
 (``HPCKPT_ATTEMPT`` and ``SLURM_RESTART_COUNT`` unset or ``0``), so ``hpckpt run`` or
 Slurm can then finish the job; a ULFM replacement process sets
 it too, so the rank it replaces does not fail again. Counting restarts whenever the
-variable's value changes. Points: ``save.plan``, ``save.write``, ``save.collective_io``
+variable's value changes. Points: ``save.plan``, ``save.merge`` (every rank, before
+a group's leader merges its group's plans, in a first save laid out in groups),
+``save.write``, ``save.collective_io``
 (inside the write's deadline, after every rank arrived where the backend writes
 collectively, just before the library's write), ``save.sync``, ``save.shard``
 (every rank, before a group's leader writes its shard of a sharded manifest),

@@ -115,3 +115,20 @@ def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(backen
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == "30" and result.checksum == reference_checksum
     assert "CheckpointFallbackWarning" not in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["posix", "adios2"])
+def test_sigkill_of_a_leader_merging_its_groups_plans_leaves_no_step_and_the_rerun_matches(backend, tmp_path,
+                                                                                            reference_checksum, monkeypatch):  # fmt: skip
+    """Plans merged in groups (from 2 ranks on here): rank 2, the leader of ranks 2-3, is
+    killed before it merges their plans for step 10, the run's first save; nothing is
+    committed, and the next run, whose first save merges in groups again, matches."""
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+    run_dir = tmp_path / "ckpt"
+    command = heat_command(RANKS, run_dir, "--backend", backend)
+    first_attempt(command, tmp_path, RANKS, random.Random(0), fault="save.merge:2:kill:1")
+    assert newest_committed(run_dir) == "none"
+    result = run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.resumed_from == "none" and result.checksum == reference_checksum
+    assert CheckpointReader(run_dir).manifest(int(newest_committed(run_dir))).shards  # the rerun's saves were sharded

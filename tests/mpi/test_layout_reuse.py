@@ -58,10 +58,15 @@ def test_a_changed_box_on_one_rank_gathers_the_plans_again(world, mpi_tmp_path):
         assert restored["u"].array.tobytes() == field(world, moved)["u"].array.tobytes()
 
 
-def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_path):
+@pytest.mark.parametrize(("backend", "shard_ranks"), [("posix", ""), ("posix", "2"), ("adios2", "2")])
+def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_path, monkeypatch, backend, shard_ranks):
+    """Also with the plans merged in groups (from 2 ranks on here): a bad layout fails
+    their check and is merged whole, which names the ranks."""
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", shard_ranks)
     last = world.size - 1
-    with hpckpt.Checkpointer(mpi_tmp_path / "errors", comm=world, backend="posix") as checkpointer:
+    with hpckpt.Checkpointer(mpi_tmp_path / "errors", comm=world, backend=backend) as checkpointer:
         checkpointer.save(1, field(world, [4] * world.size))
+        assert checkpointer.last_save.merged_in_groups == bool(shard_ranks)
         checkpointer.save(2, field(world, [4] * world.size))
         assert not checkpointer.last_save.plans_gathered
         state = field(world, [4] * world.size)
@@ -80,3 +85,10 @@ def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_pat
         assert checkpointer.steps() == [1, 2]
         checkpointer.save(3, field(world, [4] * world.size))
         assert not checkpointer.last_save.plans_gathered  # the refused saves left the layout as it was
+        if world.rank == last:  # a hole: rank last's box is one row short at its end
+            state = field(world, [4] * world.size)
+            state["u"] = hpckpt.Distributed(state["u"].array[:-1], global_shape=state["u"].global_shape,
+                                            offset=state["u"].offset)  # fmt: skip
+        with pytest.raises(hpckpt.InvalidStateError, match=r"leaf 'u': the ranks' boxes cover \d+ of the \d+ elements"):
+            checkpointer.save(4, state if world.rank == last else field(world, [4] * world.size))
+        assert checkpointer.steps() == [1, 2, 3]

@@ -109,7 +109,7 @@ def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_chec
     later = LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER)
     plans = [RankPlan((dist((0,), (3,)), rep), {}), RankPlan((later, rest), {})]
     records, _ = merge_plans(plans)
-    kept = [AgreedLayout.of(7, plan_digests(plans[rank])[1], rank, 2, records) for rank in (0, 1)]
+    kept = [AgreedLayout.of(7, plan_digests(plans[rank])[1], rank, 2, records, 80) for rank in (0, 1)]
     assert kept[0].step == kept[1].step == 7 and kept[0].digest != kept[1].digest
     assert [(record.path, block.rank) for record, block in kept[1].own] == [("u", 1)]  # rank 1 writes no chunk of w
     assert sum(record.nbytes for record in kept[1].records) == 4 * 8 + 4 * 4
@@ -120,8 +120,8 @@ def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_chec
 def test_each_rank_gets_every_record_with_its_own_blocks_or_its_groups():
     plans = [RankPlan((dist((0,), (1,)),), {}), RankPlan((dist((1,), (1,)),), {}), RankPlan((dist((2,), (2,)),), {})]
     records, _ = merge_plans(plans)
-    parts = records_by_rank(records, 3)
+    parts = records_by_rank(records, range(3))
     assert [[block.rank for block in part[0].blocks] for part in parts] == [[0], [1], [2]]
-    shared = records_by_rank(records, 3, lambda rank: rank // 2)  # ranks 0 and 1 share a group (a posix file)
+    shared = records_by_rank(records, range(3), lambda rank: rank // 2)  # ranks 0 and 1 share a group (a posix file)
     assert [[block.rank for block in part[0].blocks] for part in shared] == [[0, 1], [0, 1], [2]]
     assert all(part[0].path == "u" and part[0].global_shape == (4,) for part in parts)

@@ -1,0 +1,93 @@
+"""Merging the plans in groups of ranks: the same records and layout as a merge of every
+plan on rank 0, and every bad tiling sent back to that merge (which names the ranks)."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from hpckpt import InvalidStateError
+from hpckpt.model.layout import (
+    MIN_REPLICATED_CHUNK,
+    LeafPlan,
+    RankPlan,
+    check_groups,
+    merge_group,
+    merge_plans,
+    pack_plan,
+)
+from hpckpt.model.manifest import PACK_PATH
+from hpckpt.storage.bp5 import ADIOS2Backend
+from hpckpt.storage.posix import PosixBackend
+
+RANKS = 10
+GROUPS = [range(0, 4), range(4, 8), range(8, 10)]
+
+
+def grid_plan(rank: int, box=None) -> RankPlan:
+    """Rank ``rank`` of a 2 x 5 grid of 3 x 4 boxes, a large replicated array written in
+    row chunks by the first ranks, a Local leaf that only some ranks fill, and a pack."""
+    offset, shape = box or ((rank // 5 * 3, rank % 5 * 4), (3, 4))
+    rows = 3 * MIN_REPLICATED_CHUNK // 8  # three chunks: ranks 0-2 write one each
+    leaves = (
+        LeafPlan("grid", "distributed", "<f8", shape, offset, (6, 20), f"g{rank}"),
+        LeafPlan("big", "replicated", "<f4", (rows, 2), (), None, f"b{rank}", chunk_checksums=("x", "y", "z")),
+        LeafPlan("part", "local", "<i4", (rank % 3,), (), None, f"p{rank}"),
+        pack_plan([("small", "<f8", (2,), None)], 16, f"k{rank}", None, None),
+    )
+    return RankPlan(leaves, {"it": 3})
+
+
+def merged_in_groups(plans):
+    pieces = [merge_group(plans[group.start : group.stop], group.start, len(plans)) for group in GROUPS]
+    return pieces, check_groups([summary for _, summary in pieces])
+
+
+def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
+    plans = [grid_plan(rank) for rank in range(RANKS)]
+    whole, _ = merge_plans(plans)
+    pieces, verdict = merged_in_groups(plans)
+    assert verdict is not None
+    for number, record in enumerate(whole):
+        blocks = tuple(itertools.chain.from_iterable(records[number].blocks for records, _ in pieces))
+        assert blocks == record.blocks, record.path
+    assert verdict.headers == tuple(replace(record, blocks=()) for record in whole)
+    assert verdict.nbytes == sum(record.nbytes for record in whole)
+    # Local "part" holds bytes on ranks 1, 2 | 4, 5, 7 | 8; every rank's pack does
+    assert verdict.first_blocks == {0: {"part": 0, PACK_PATH: 0}, 4: {"part": 2, PACK_PATH: 4}, 8: {"part": 5, PACK_PATH: 8}}
+    for backend in (PosixBackend(), ADIOS2Backend()):
+        laid_out = backend.layout(whole)
+        expected = backend.parts(laid_out, range(RANKS))
+        for (records, _), group in zip(pieces, GROUPS):
+            placed = backend.layout(records, verdict.first_blocks[group.start])
+            assert backend.parts(placed, group) == expected[group.start : group.stop], (backend.name, group)
+
+
+def boxes_plans(boxes):
+    """Plans of a 1-D leaf of 12 elements split into ``boxes`` (offset, length), one per rank."""
+    return [RankPlan((LeafPlan("u", "distributed", "<f8", (n,), (o,), (12,), "c"),), {}) for o, n in boxes]
+
+
+@pytest.mark.parametrize(
+    "boxes",
+    [
+        [(0, 1)] * 10,  # every rank the same element
+        [(0, 2), (1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1)],  # an overlap in a group, 11 uncovered
+        [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (6, 1), (7, 1), (8, 1), (9, 1), (10, 2)],  # an overlap across groups, hole
+        [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (10, 1)],  # a hole only
+        [(0, 2), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (11, 2)],  # past the end
+    ],
+)
+def test_a_layout_that_does_not_tile_is_left_to_the_whole_merge(boxes):
+    plans = boxes_plans(boxes)
+    with pytest.raises(InvalidStateError, match="Distributed leaf 'u'"):
+        merge_plans(plans)  # which names the ranks, on every rank
+    assert merged_in_groups(plans)[1] is None
+
+
+def test_boxes_tiling_across_groups_in_any_order_pass():
+    lengths = [1, 2, 1, 1, 3, 1, 1, 1, 0, 1]
+    starts = [0, *itertools.accumulate(lengths)][:-1]
+    order = [9, 3, 0, 7, 1, 5, 2, 8, 4, 6]  # rank r holds the box of order[r]
+    verdict = merged_in_groups(boxes_plans([(starts[i], lengths[i]) for i in order]))[1]
+    assert verdict is not None and verdict.nbytes == 12 * 8
