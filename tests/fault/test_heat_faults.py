@@ -118,8 +118,9 @@ def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(backen
 
 
 @pytest.mark.parametrize("backend", ["posix", "adios2"])
-def test_sigkill_of_a_leader_merging_its_groups_plans_leaves_no_step_and_the_rerun_matches(backend, tmp_path,
-                                                                                            reference_checksum, monkeypatch):  # fmt: skip
+def test_sigkill_of_a_leader_merging_its_groups_plans_leaves_no_step_and_the_rerun_matches(
+    backend, tmp_path, reference_checksum, monkeypatch
+):
     """Plans merged in groups (from 2 ranks on here): rank 2, the leader of ranks 2-3, is
     killed before it merges their plans for step 10, the run's first save; nothing is
     committed, and the next run, whose first save merges in groups again, matches."""
