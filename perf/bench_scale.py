@@ -29,11 +29,16 @@ count runs in a child process, so its peak memory is its own. What is timed:
 
 It prints a table per part with its growth exponent from the first rank count to the
 last and between neighbouring ones (0: constant, 1: linear, 2: quadratic) and, without
-``--quick``, writes ``OUT/scale.json`` and ``OUT/scale.png``. It fails (exit 1) if the
-box checks grow faster than ranks^1.5 from the first rank count to the last, or if, in
-the real MPI runs, a save of an unchanged layout gathers the plans, a first save does
-not, or the bytes a save or a restore brings a rank other than 0 change with the
-rank count.
+``--quick``, writes ``OUT/scale.json`` and ``OUT/scale.png``. The first save merged in
+groups is measured again alone with ``--group-leaves`` (100) leaves per rank, the
+issue's budget. It fails (exit 1) if the box checks grow faster than ranks^1.5 from
+the first rank count to the last; if the first save in groups misses that budget at
+the largest rank count (10 MB to any rank; without ``--quick`` also 1 s of planning) or
+its leaders' or rank 0's bytes grow faster than ranks^0.75; or if, in the real MPI
+runs (unsharded, and sharded from 2 ranks on), a save of an unchanged layout gathers
+the plans, a first save does not (or not in groups when sharded), or the bytes a save
+or a restore brings the other ranks (not 0, nor a leader when sharded) change with the
+rank count (by more than 1%).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import pickle
 import resource
 import sys
@@ -71,7 +77,7 @@ from hpckpt.model.layout import (
 )
 from hpckpt.model.manifest import Block, LeafRecord, Manifest, Shard, shard_bounds, shard_json
 from hpckpt.model.reads import BlockIndex, ReadRequest, manifest_part, shards_for
-from hpckpt.protocols.coordinated import own_report
+from hpckpt.protocols.coordinated import SHARD_RANKS_ENV, own_report
 from hpckpt.storage.base import BlockData
 from hpckpt.storage.bp5 import ADIOS2Backend
 from hpckpt.storage.commit import merge_sizes
@@ -222,6 +228,16 @@ def box_checks(rank_counts: list[int], rounds: int = 15) -> dict[int, dict[str, 
     return {count: {f"boxes_{name}_s": best[count, name] for name in BOX_SHAPES} for count in rank_counts}
 
 
+@collection_paused()
+def measure_groups(ranks: int, leaves: int) -> dict[str, Any]:
+    """The first save merged in groups alone (:func:`in_groups`), at ``ranks`` ranks of
+    ``leaves`` leaves: a merge of every plan on rank 0 at 100 leaves x 100k ranks would
+    need about 20 GB here."""
+    found = {"ranks": ranks, "leaves": leaves, **in_groups(ranks, synthetic_plans(ranks, leaves))}
+    found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return found
+
+
 def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     """A first save merged in the arrival groups (from 1024 ranks on, posix and adios2):
     what the leader of the first group receives, merges and lays out, what rank 0
@@ -321,6 +337,9 @@ class CountingComm:
     def Dup(self) -> CountingComm:  # noqa: N802 - mpi4py's name
         return CountingComm(self._comm.Dup(), self._tally)
 
+    def Split(self, *args: Any) -> CountingComm:  # noqa: N802 - the arrival groups' communicators
+        return CountingComm(self._comm.Split(*args), self._tally)
+
     def __getattr__(self, name: str) -> Any:
         found = getattr(self._comm, name)
         if name not in self.COUNTED:
@@ -366,58 +385,67 @@ def count_collectives(out: Path) -> None:
             del tally[:]
             checkpointer.save(step, state)
             saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally),
-                          "gathered": checkpointer.last_save.plans_gathered})  # fmt: skip
+                          "gathered": checkpointer.last_save.plans_gathered,
+                          "grouped": checkpointer.last_save.merged_in_groups})  # fmt: skip
         del tally[:]
         checkpointer.restore(state)
-        saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally), "gathered": False})
+        saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally), "gathered": False, "grouped": False})
     every = world.gather(saves, root=0)
     if world.rank == 0:
         out.write_text(json.dumps(every))
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def run_child(command: list[str], timeout: float) -> str:
+def run_child(command: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
     """The output of ``command``, run in a process group of its own that a timeout kills
     whole, ranks included (``tests/processes.py``); RuntimeError with its errors when it fails."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.processes import run_group
 
-    run = run_group(command, timeout=timeout)
+    run = run_group(command, timeout=timeout, env=env)
     if run.returncode:
         raise RuntimeError(f"{' '.join(command)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
     return run.stdout
 
 
-def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str, Any]) -> list[str]:
-    """Run :func:`count_collectives` at each of ``sizes`` ranks; print what each rank
-    received per save and in the restore (and put it in ``counted``, by rank count); the
-    model's claims that do not hold."""
+def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str, Any], sharded: bool) -> list[str]:
+    """Run :func:`count_collectives` at each of ``sizes`` ranks, ``sharded`` (from 2 ranks
+    on: the first save merged in groups, the manifest sharded, the restore through the
+    leaders) or not; print what each rank received per save and in the restore (and put
+    it in ``counted``, by rank count); the model's claims that do not hold. "others" are
+    the ranks but 0, and but the groups' leaders when ``sharded``."""
     failed = []
-    print("real MPI, 20 leaves per rank, posix: collective calls and bytes received per rank")
-    print(f"{'ranks':>6s}  {'call':>9s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  {'others, most (B)':>16s}")
-    most_first: dict[int, int] = {}
-    most_later: dict[int, int] = {}
-    most_restore: dict[int, int] = {}
+    what = "sharded from 2 ranks on" if sharded else "unsharded"
+    print(f"real MPI, 20 leaves per rank, posix, {what}: collective calls and bytes received per rank")
+    print(f"{'ranks':>6s}  {'call':>9s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  {'leaders (B)':>11s}  "
+          f"{'others, most (B)':>16s}")  # fmt: skip
+    most_of: dict[str, dict[int, int]] = {"a first save": {}, "a later save": {}, "a restore": {}}
+    env = {**os.environ, SHARD_RANKS_ENV: "2" if sharded else ""}
     for size in sizes:
         out = scratch / f"scale-count-{size}.json"
         command = [mpiexec, "-n", str(size), sys.executable, __file__, "--count-into", str(out)]
-        run_child(command, timeout=300)
+        run_child(command, timeout=300, env=env)
         per_rank = json.loads(out.read_text())
-        counted[str(size)] = per_rank
+        counted[f"{'sharded ' if sharded else ''}{size}"] = per_rank
         out.unlink()
+        leaders = {arrival_group(rank, size).start for rank in range(size)} if sharded else {0}
+        others = [rank for rank in range(size) if rank not in leaders]
         for number, call in enumerate(("save 1", "save 2", "save 3", "restore")):
             counts = [rank_counts[number] for rank_counts in per_rank]
-            most = max(count["received"] for count in counts[1:])
-            plans = "" if call == "restore" else "gathered" if counts[0]["gathered"] else "reused"
-            print(f"{size:6d}  {call:>9s}  {plans:>8s}  {counts[1]['calls']:5d}  {counts[0]['received']:10d}  {most:16d}")
-            if call != "restore" and any(count["gathered"] != (number == 0) for count in counts):
-                failed.append(f"{size} ranks, {call}: plans {'not ' if number == 0 else ''}gathered")
-        most_first[size] = max(rank_counts[0]["received"] for rank_counts in per_rank[1:])
-        most_later[size] = max(rank_counts[2]["received"] for rank_counts in per_rank[1:])
-        most_restore[size] = max(rank_counts[3]["received"] for rank_counts in per_rank[1:])
-    for what, most_of in (("a first save", most_first), ("a later save", most_later), ("a restore", most_restore)):
-        if len(set(most_of.values())) > 1:
-            failed.append(f"the bytes {what} brings a rank other than 0 depend on the ranks: {most_of}")
+            most = max(counts[rank]["received"] for rank in others)
+            led = max((counts[rank]["received"] for rank in leaders if rank), default=0)
+            plans = "" if call == "restore" else "rank 0" if counts[0]["gathered"] else "reused"
+            plans = "groups" if counts[0]["grouped"] else plans
+            print(f"{size:6d}  {call:>9s}  {plans:>8s}  {counts[1]['calls']:5d}  {counts[0]['received']:10d}  {led:11d}  "
+                  f"{most:16d}")  # fmt: skip
+            if call != "restore" and any((count["gathered"], count["grouped"]) != (number == 0, sharded and number == 0)
+                                         for count in counts):  # fmt: skip
+                failed.append(f"{size} ranks, {what}, {call}: plans merged {plans}")
+            if number != 1:
+                most_of[("a first save", "", "a later save", "a restore")[number]][size] = most
+    for call, most in most_of.items():  # within 1%: a part pickles a few bytes longer when its blocks come from two shards
+        if max(most.values()) > 1.01 * min(most.values()):
+            failed.append(f"{what}: the bytes {call} brings the others depend on the ranks: {most}")
     return failed
 
 
@@ -470,9 +498,34 @@ PARTS = [  # (key, heading, unit)
 ]
 
 
-def print_table(points: list[dict[str, Any]]) -> None:
+GROUP_BYTES = ("group_plans_bytes", "summaries_bytes", "first_blocks_bytes", "group_part_bytes")
+GROUP_SECONDS = ("group_merge_s", "group_layout_posix_s", "group_layout_adios2_s", "check_groups_s", "headers_layout_s")
+
+
+def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
+    """Issue 22's budget for a first save merged in groups, at the largest rank count: at
+    most 10 MB received by any rank and (``timed``: not in ``--quick``, which ``make test``
+    runs) 1 s of planning on any rank (a leader's merge and layout, rank 0's check); and
+    the bytes a leader or rank 0 receives growing no faster than ranks^0.75 (sqrt(P)
+    groups of sqrt(P) ranks: 0.5)."""
+    last, failed = grouped[-1], []
+    most = max(last[key] for key in GROUP_BYTES)
+    leader = last["group_merge_s"] + max(last["group_layout_posix_s"], last["group_layout_adios2_s"])
+    root = leader + last["check_groups_s"] + last["headers_layout_s"]  # rank 0 leads the first group too
+    print(f"bench_scale: first save in groups at {last['ranks']:,d} ranks x {last['leaves']} leaves: any rank receives "
+          f"at most {most / 1e6:.2f} MB; a leader plans for {leader:.3f} s, rank 0 for {root:.3f} s")  # fmt: skip
+    if most > 10e6 or (timed and root > 1.0):
+        failed.append(f"a first save in groups at {last['ranks']:,d} ranks misses 10 MB or 1 s")
+    for key in ("group_plans_bytes", "summaries_bytes"):
+        growth = exponents([grouped[0], last], key)[0]
+        if growth > 0.75:
+            failed.append(f"{key} grows as ranks^{growth:.2f}")
+    return failed
+
+
+def print_table(points: list[dict[str, Any]], parts: list[tuple[str, str, str]] = PARTS) -> None:
     print(f"{'':46s}" + "".join(f"{point['ranks']:>11,d}" for point in points) + "   exponents: overall, then per step")
-    for key, heading, unit in PARTS:
+    for key, heading, unit in parts:
         scale = 1e-6 if unit == "MB" else 1.0
         cells = "".join(f"{point[key] * scale:11.4g}" for point in points)
         growth = " ".join(f"{e:.2f}" for e in exponents([points[0], points[-1]], key) + exponents(points, key))
@@ -518,11 +571,17 @@ def main() -> int:
                         "(default 2 4 8 16; with --quick 2 4)")  # fmt: skip
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: measure this rank count
+    parser.add_argument("--group-leaves", type=int, default=100,
+                        help="leaves per rank of the first saves merged in groups (default 100)")
+    parser.add_argument("--groups", type=int, help=argparse.SUPPRESS)  # a child process: measure_groups
     parser.add_argument("--boxes", type=int, nargs="+", help=argparse.SUPPRESS)  # a child process: box_checks
     parser.add_argument("--count-into", type=Path, help=argparse.SUPPRESS)  # an MPI child: count_collectives
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.leaves)))
+        return 0
+    if args.groups:
+        print(json.dumps(measure_groups(args.groups, args.leaves)))
         return 0
     if args.boxes:
         print(json.dumps(box_checks(args.boxes)))
@@ -546,17 +605,26 @@ def main() -> int:
     ends = [points[0], points[-1]]  # first to last: steps between neighbours are noisier
     worst = {key: exponents(ends, key)[0] for key in (f"boxes_{name}_s" for name in BOX_SHAPES)}
     failed = [f"{key} grows as ranks^{value:.2f}" for key, value in worst.items() if value > 1.5]
+    grouped = []
+    for count in ranks:
+        print(f"bench_scale: first save merged in groups, {count:,d} ranks x {args.group_leaves} leaves ...", flush=True)
+        child = [sys.executable, __file__, "--groups", str(count), "--leaves", str(args.group_leaves)]
+        grouped.append(json.loads(run_child(child, timeout=1800)))
+    print_table(grouped, [part for part in PARTS if part[0] in grouped[0]])
+    failed += check_groups_goal(grouped, timed=not args.quick)
     counted: dict[str, Any] = {}  # rank count -> per rank: per save and restore, calls and bytes received
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=".") as scratch:
         sizes = args.mpi if args.mpi else [2, 4] if args.quick else [2, 4, 8, 16]
-        failed += check_model(sizes, args.mpiexec, Path(scratch), counted)
+        for sharded in (False, True):
+            failed += check_model(sizes, args.mpiexec, Path(scratch), counted, sharded)
     for failure in failed:
         print(f"bench_scale: FAILED: {failure}", file=sys.stderr)
     if not args.quick:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "scale.json").write_text(
-            json.dumps({"model": MODEL, "points": points, "mpi": counted, "failed": failed}, indent=1) + "\n"
+            json.dumps({"model": MODEL, "points": points, "groups": grouped, "mpi": counted, "failed": failed}, indent=1)
+            + "\n"
         )
         print(f"bench_scale: wrote {out / 'scale.json'} and {plot(points, out)}")
     return 1 if failed else 0
