@@ -532,13 +532,13 @@ def print_table(points: list[dict[str, Any]], parts: list[tuple[str, str, str]] 
         print(f"{heading + ' (' + unit + ')':46s}{cells}   {growth}")
 
 
-def plot(points: list[dict[str, Any]], out: Path) -> Path:
+def plot(points: list[dict[str, Any]], grouped: list[dict[str, Any]], out: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, (times, sizes) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure, (times, sizes, groups) = plt.subplots(1, 3, figsize=(17, 4.5))
     ranks = [point["ranks"] for point in points]
     styles = {"first": "-", "groups": (0, (5, 1)), "later": "--", "rank": ":", "restore": "-.",  # one per group
               "boxes": (0, (1, 3))}  # fmt: skip
@@ -552,7 +552,16 @@ def plot(points: list[dict[str, Any]], out: Path) -> Path:
     times.set(xlabel="ranks", ylabel="seconds", title=f"time per rank ({points[0]['leaves']} leaves per rank)")
     sizes.set(xlabel="ranks", ylabel="MB", title="bytes received or written")
     sizes.axhline(10, color="grey", linestyle=":", label="10 MB")
-    for axes in (times, sizes):
+    for key, heading, unit in PARTS:
+        if key in grouped[0] and unit != "MiB":
+            scale = 1e-6 if unit == "MB" else 1.0
+            groups.loglog([point["ranks"] for point in grouped], [max(point[key] * scale, 1e-6) for point in grouped],
+                          label=f"{heading} ({unit})", marker="o", linestyle="-" if unit == "s" else "--")  # fmt: skip
+    groups.axhline(1, color="grey", linestyle=":", label="1 s, 1 MB")
+    groups.axhline(10, color="black", linestyle=":", label="10 MB")
+    groups.set(xlabel="ranks", ylabel="seconds (solid) or MB (dashed)",
+               title=f"first save merged in groups ({grouped[0]['leaves']} leaves per rank)")  # fmt: skip
+    for axes in (times, sizes, groups):
         axes.legend(fontsize=6)
         axes.grid(True, which="both", alpha=0.3)
     figure.tight_layout()
@@ -626,7 +635,7 @@ def main() -> int:
             json.dumps({"model": MODEL, "points": points, "groups": grouped, "mpi": counted, "failed": failed}, indent=1)
             + "\n"
         )
-        print(f"bench_scale: wrote {out / 'scale.json'} and {plot(points, out)}")
+        print(f"bench_scale: wrote {out / 'scale.json'} and {plot(points, grouped, out)}")
     return 1 if failed else 0
 
 
