@@ -61,6 +61,21 @@ def test_a_stopped_rank_of_another_group_is_named_by_its_leader_or_by_rank_0(tmp
     assert reports == [(named, reporter)], stderr[-3000:]
 
 
+@pytest.mark.parametrize(("stopped", "reporter", "named"), [
+    ("3", "2", "rank(s) 3 of 4 have not arrived"),
+    ("2", "0", "rank(s) 2 of 4 have not arrived (nor reported for ranks 3)"),
+])  # fmt: skip
+def test_a_rank_stopped_in_the_merge_in_groups_is_named(tmp_path, monkeypatch, stopped, reporter, named):
+    """The first save's plans merged by the groups' leaders (from 2 ranks on here): a
+    member stopped before its leader's merge is named by that leader, a stopped leader
+    by rank 0."""
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+    stderr = stopped_job_stderr(tmp_path, f"save.merge:{stopped}:stop:1", "posix", ranks=4)
+    reports = re.findall(r"hpckpt: phase 'save step 10: merge in groups': (.*?); the others wait there after \d+ s "
+                         r"\(rank (\d) on ", stderr)  # fmt: skip
+    assert reports == [(named, reporter)], stderr[-3000:]
+
+
 def test_a_rank_stopped_while_restoring_is_named(tmp_path):
     run_dir = tmp_path / "run"
     assert run(heat_command(3, run_dir, "--backend", "posix", iters=20)).returncode == 0
