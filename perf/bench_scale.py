@@ -12,8 +12,8 @@ count runs in a child process, so its peak memory is its own. What is timed:
 - ``first save`` (of a layout): rank 0 receives every plan (their pickled bytes), runs
   ``merge_plans``, every backend's ``layout`` and cuts each rank's part
   (``Backend.parts``); another rank receives its part and keeps it for later saves;
-- ``groups``, the first save merged in the arrival groups instead (from 1024 ranks on,
-  posix and adios2): the first group's leader receives its group's plans, runs
+- ``groups``, the first save merged in the arrival groups instead (from 1024 ranks on;
+  every backend but posix with files shared by several ranks): the first group's leader receives its group's plans, runs
   ``merge_group``, lays its group out and cuts its ranks' parts; rank 0 receives every
   leader's summary, runs ``check_groups`` and lays out the records without blocks;
 - ``later save``, on every rank but 0: ``plan_digests`` of its own plan and the one
@@ -93,7 +93,7 @@ collectives, per rank (P ranks, tree or recursive-doubling algorithms):
                    ranks), each leader sends rank 0 one: at most 2 sqrt(P) received by any rank
   first save       gather of the plans to rank 0 (rank 0 receives P), then a scatter:
                    rank 0 sends each rank its part of the layout, P - 1 messages; from 1024
-                   ranks on (posix with a file per rank, adios2) to each group's leader
+                   ranks on (all but shared posix files) to each group's leader
                    instead, which merges its sqrt(P) plans and sends rank 0 a summary (corner
                    weights, bytes, Local block counts: rank 0 receives sqrt(P)); rank 0
                    broadcasts to the leaders where each group's Local blocks start, and each
@@ -239,7 +239,7 @@ def measure_groups(ranks: int, leaves: int) -> dict[str, Any]:
 
 
 def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
-    """A first save merged in the arrival groups (from 1024 ranks on, posix and adios2):
+    """A first save merged in the arrival groups (from 1024 ranks on, but posix files of several ranks):
     what the leader of the first group receives, merges and lays out, what rank 0
     receives from the leaders and checks, what each leader then receives from rank 0."""
     first = arrival_group(0, ranks)
@@ -251,7 +251,7 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     found["check_groups_s"], verdict = seconds(lambda: check_groups(summaries))
     assert verdict is not None
     found["first_blocks_bytes"] = len(pickle.dumps(verdict.first_blocks, protocol=pickle.HIGHEST_PROTOCOL))
-    for backend in (PosixBackend(), ADIOS2Backend()):
+    for backend in (ADIOS2Backend(), HDF5Backend(), PosixBackend()):
         found[f"group_layout_{backend.name}_s"], parts = seconds(
             lambda backend=backend: backend.parts(backend.layout(records, verdict.first_blocks[0]), first))
     found["group_part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
@@ -468,6 +468,7 @@ PARTS = [  # (key, heading, unit)
     ("group_merge_s", "groups: merge_group on a leader", "s"),
     ("group_layout_posix_s", "groups: a leader's posix layout and parts", "s"),
     ("group_layout_adios2_s", "groups: a leader's adios2 layout and parts", "s"),
+    ("group_layout_hdf5_s", "groups: a leader's hdf5 layout and parts", "s"),
     ("summaries_bytes", "groups: summaries rank 0 receives", "MB"),
     ("check_groups_s", "groups: check_groups on rank 0", "s"),
     ("headers_layout_s", "groups: rank 0 lays out the records", "s"),
@@ -499,7 +500,6 @@ PARTS = [  # (key, heading, unit)
 
 
 GROUP_BYTES = ("group_plans_bytes", "summaries_bytes", "first_blocks_bytes", "group_part_bytes")
-GROUP_SECONDS = ("group_merge_s", "group_layout_posix_s", "group_layout_adios2_s", "check_groups_s", "headers_layout_s")
 
 
 def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
@@ -510,7 +510,7 @@ def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
     groups of sqrt(P) ranks: 0.5)."""
     last, failed = grouped[-1], []
     most = max(last[key] for key in GROUP_BYTES)
-    leader = last["group_merge_s"] + max(last["group_layout_posix_s"], last["group_layout_adios2_s"])
+    leader = last["group_merge_s"] + max(last[f"group_layout_{name}_s"] for name in ("adios2", "hdf5", "posix"))
     root = leader + last["check_groups_s"] + last["headers_layout_s"]  # rank 0 leads the first group too
     print(f"bench_scale: first save in groups at {last['ranks']:,d} ranks x {last['leaves']} leaves: any rank receives "
           f"at most {most / 1e6:.2f} MB; a leader plans for {leader:.3f} s, rank 0 for {root:.3f} s")  # fmt: skip

@@ -565,12 +565,15 @@ def lay_out_in_groups(
     (:func:`~hpckpt.model.layout.check_groups`: the tiling of every distributed leaf, the
     step's bytes, where each group's Local blocks start), and each leader lays out its
     group and sends each of its ranks its part. A leader receives its group's plans,
-    rank 0 the leaders' summaries: about sqrt(P) of either.
+    rank 0 the leaders' summaries: about sqrt(P) of either (and, for a backend that
+    :attr:`~hpckpt.storage.base.Backend.needs_every_local_block`, the rank and shape of
+    every Local block: hdf5 creates a dataset for each).
 
     Collective over ``comm``, whose ranks all gave the same agreement digest
     (:func:`agree_on_layout`), with a backend that :attr:`~hpckpt.storage.base.Backend.lays_out_in_groups`;
     ``timed(name, action, collective)`` runs each phase. Returns this rank's records
-    (rank 0's: every record, with its own blocks) and, on rank 0, the step's bytes
+    (rank 0's: every record, with its own blocks and, if the backend needs them, every
+    Local block, with its rank and shape only) and, on rank 0, the step's bytes
     (0 elsewhere); None on every rank when some leaf's boxes do not tile its array: the
     plans must then be merged whole (:func:`lay_out_on_root`), which names leaf and ranks.
     """
@@ -582,7 +585,7 @@ def lay_out_in_groups(
         point("save.merge")
         if plans is None:  # not a leader
             return None
-        records, summary = merge_group(plans, group.start, comm.size)
+        records, summary = merge_group(plans, group.start, comm.size, local_blocks=backend.needs_every_local_block)
         merged.append(records)
         return summary
 
@@ -603,7 +606,11 @@ def lay_out_in_groups(
     if verdict is None:  # every rank but 0
         return part, 0
     own = {record.path: record.blocks for record in part}
-    return tuple(replace(record, blocks=own.get(record.path, ())) for record in backend.layout(verdict.headers)), verdict.nbytes
+    others = {path: tuple(Block(rank, (), shape, "") for rank, shape in blocks if rank)  # the other ranks'
+              for path, blocks in verdict.local_blocks.items()}  # fmt: skip
+    records = tuple(replace(record, blocks=own.get(record.path, ()) + others.get(record.path, ()))
+                    for record in backend.layout(verdict.headers))  # fmt: skip
+    return records, verdict.nbytes
 
 
 class LayoutMemory:

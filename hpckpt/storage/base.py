@@ -108,6 +108,7 @@ class Backend:
 
     name: str = ""
     lays_out_in_groups: bool = False  # see layout()
+    needs_every_local_block: bool = False  # rank 0's write takes every rank's Local blocks, even laid out in groups
     writes_in_place: bool = False
     collective_write: bool = False
     shows_annotations: bool = False

@@ -84,6 +84,8 @@ class HDF5Backend(Backend):
     """
 
     name = "hdf5"
+    lays_out_in_groups = True  # a group's blocks are complete arrays' (checked across groups): none is per rank
+    needs_every_local_block = True  # rank 0 creates every rank's Local dataset
     writes_in_place = True
     shows_annotations = True  # plain values as root attributes, axis names as dimension scales
 
@@ -106,12 +108,13 @@ class HDF5Backend(Backend):
         self.direct_io = bool(direct_io)
 
     def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
-        """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path."""
+        """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path.
+        A group's records (``first_blocks`` given) hold parts of whole arrays."""
         return tuple(  # direct construction: dataclasses.replace costs 5 us a call
-            LeafRecord(r.path, r.kind, r.dtype, r.global_shape, _marked_blocks(r), {"file": FILE_NAME, "dataset": f"/{r.path}"},
-                       r.encoding)
+            LeafRecord(r.path, r.kind, r.dtype, r.global_shape, r.blocks if first_blocks is not None else _marked_blocks(r),
+                       {"file": FILE_NAME, "dataset": f"/{r.path}"}, r.encoding)
             for r in records
-        )
+        )  # fmt: skip
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData],
@@ -119,32 +122,35 @@ class HDF5Backend(Backend):
     ) -> list[str]:
         """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
-        Collective over ``comm`` (one scatter): rank 0 passes every record, another rank
-        its part (:meth:`~hpckpt.storage.base.Backend.parts`). Rank 0 creates the file
-        and every dataset with serial HDF5, contiguous and allocated at once (or reuses a
-        recycled file of the same layout), and sends each rank the file offsets of the
-        datasets it writes; each rank then writes the C-order runs of its blocks at
+        Collective over ``comm`` (a broadcast and a scatter): rank 0 passes every record
+        (laid out in groups: every record with its own blocks and every rank's Local
+        blocks), another rank its part (:meth:`~hpckpt.storage.base.Backend.parts`).
+        Rank 0 creates the file and every dataset with serial HDF5, contiguous and
+        allocated at once (or reuses a recycled file of the same layout), broadcasts the
+        file offsets of the whole arrays' datasets and sends each rank those of its own
+        datasets (Local leaves, partial arrays); each rank then writes the C-order runs of its blocks at
         those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
         no GIL in the data path, so a save in a background thread cannot deadlock with
         the application's MPI calls.
         """
         path = directory / FILE_NAME
         failure: str | None = None
-        offsets: dict[str, int | None] | None = None
         error: Exception | None = None
+        whole: dict[str, int | None] = {}  # rank 0's: the whole arrays' datasets
+        shares: list[dict[str, int | None]] | None = None  # rank 0's: each rank's own datasets
         if comm.rank == 0:
+            shares = [{}] * comm.size
             try:
                 offsets = self._lay_out_file(path, records, annotations)
+                whole, shares = _whole_offsets(records, offsets), _offsets_by_rank(records, offsets, comm.size)
             except Exception as exc:  # noqa: BLE001 - sent to every rank, raised below
                 failure, error = f"{type(exc).__name__}: {exc}", exc
         # The others wait for rank 0's layout sleeping, not inside the broadcast: MPICH
         # busy-polls there, which took a core from the application's compute while a
         # non-blocking save waited for the layout.
         await_everyone(comm, f"hdf5 layout of {path}")
-        shares = None
-        if comm.rank == 0:
-            shares = [(share, failure) for share in _offsets_by_rank(records, offsets, comm.size)]
-        offsets, failure = comm.scatter(shares, root=0)
+        whole, failure = comm.bcast((whole, failure), root=0)
+        offsets = {**whole, **comm.scatter(shares, root=0)}
         if error is not None:
             raise error
         if failure is not None:
@@ -290,8 +296,15 @@ def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
 
 
 def _in_groups(record: LeafRecord) -> bool:
-    """Whether a laid-out ``record`` is written as a group of one dataset per rank."""
-    return record.kind == "local" or _partial(record)
+    """Whether a laid-out ``record`` is written as a group of one dataset per rank: a
+    Local leaf, or a distributed one whose blocks the layout marked (a partial array),
+    or that has none of a non-empty array. Rank 0 may hold only its own blocks of a
+    whole array (laid out in groups), so the blocks' coverage cannot tell."""
+    if record.kind != "distributed":
+        return record.kind == "local"
+    if not record.blocks:
+        return math.prod(record.whole_shape) > 0
+    return any(block.location.get(PER_RANK) for block in record.blocks)
 
 
 def _per_rank(record: LeafRecord, block: Block) -> bool:
@@ -365,20 +378,23 @@ def _set_value_attributes(h5: Any, values: Mapping[str, Any]) -> None:
         h5.attrs[path] = value
 
 
-def _offsets_by_rank(
-    records: Sequence[LeafRecord], offsets: dict[str, int | None] | None, size: int
-) -> list[dict[str, int | None] | None]:
-    """For each rank of ``size``, the file offsets of the datasets it writes a block into
-    (all of them when one process writes every block; None when there is no layout)."""
-    if offsets is None or size == 1:
-        return [offsets] * size
+def _whole_offsets(records: Sequence[LeafRecord], offsets: dict[str, int | None]) -> dict[str, int | None]:
+    """The file offsets of the whole arrays' datasets (every rank may write into them)."""
+    return {record.location["dataset"]: offsets[record.location["dataset"]] for record in records if not _in_groups(record)}
+
+
+def _offsets_by_rank(records: Sequence[LeafRecord], offsets: dict[str, int | None], size: int) -> list[dict[str, int | None]]:
+    """For each rank of ``size``, the file offsets of its own datasets (its Local blocks',
+    its blocks of partial arrays; all of them when one process writes every block)."""
+    if size == 1:
+        return [offsets]
     shares: list[dict[str, int | None]] = [{} for _ in range(size)]
     for record in records:
-        for block in record.blocks:
-            if block.size:
+        if _in_groups(record):
+            for block in _stored_blocks(record):
                 name = _dataset_name(record, block)
                 shares[block.rank][name] = offsets[name]
-    return list(shares)
+    return shares
 
 
 def _dataset_name(record: LeafRecord, block: Block) -> str:

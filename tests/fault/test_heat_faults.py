@@ -117,7 +117,7 @@ def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(backen
     assert "CheckpointFallbackWarning" not in result.stderr
 
 
-@pytest.mark.parametrize("backend", ["posix", "adios2"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_sigkill_of_a_leader_merging_its_groups_plans_leaves_no_step_and_the_rerun_matches(
     backend, tmp_path, reference_checksum, monkeypatch
 ):

@@ -58,7 +58,7 @@ def test_a_changed_box_on_one_rank_gathers_the_plans_again(world, mpi_tmp_path):
         assert restored["u"].array.tobytes() == field(world, moved)["u"].array.tobytes()
 
 
-@pytest.mark.parametrize(("backend", "shard_ranks"), [("posix", ""), ("posix", "2"), ("adios2", "2")])
+@pytest.mark.parametrize(("backend", "shard_ranks"), [("posix", ""), ("posix", "2"), ("adios2", "2"), ("hdf5", "2")])
 def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_path, monkeypatch, backend, shard_ranks):
     """Also with the plans merged in groups (from 2 ranks on here): a bad layout fails
     their check and is merged whole, which names the ranks."""

@@ -18,6 +18,7 @@ from hpckpt.model.layout import (
 )
 from hpckpt.model.manifest import PACK_PATH
 from hpckpt.storage.bp5 import ADIOS2Backend
+from hpckpt.storage.hdf5 import HDF5Backend
 from hpckpt.storage.posix import PosixBackend
 
 RANKS = 10
@@ -38,15 +39,16 @@ def grid_plan(rank: int, box=None) -> RankPlan:
     return RankPlan(leaves, {"it": 3})
 
 
-def merged_in_groups(plans):
-    pieces = [merge_group(plans[group.start : group.stop], group.start, len(plans)) for group in GROUPS]
+def merged_in_groups(plans, local_blocks=False):
+    pieces = [merge_group(plans[group.start : group.stop], group.start, len(plans), local_blocks=local_blocks)
+              for group in GROUPS]  # fmt: skip
     return pieces, check_groups([summary for _, summary in pieces])
 
 
 def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
     plans = [grid_plan(rank) for rank in range(RANKS)]
     whole, _ = merge_plans(plans)
-    pieces, verdict = merged_in_groups(plans)
+    pieces, verdict = merged_in_groups(plans, local_blocks=True)
     assert verdict is not None
     for number, record in enumerate(whole):
         blocks = tuple(itertools.chain.from_iterable(records[number].blocks for records, _ in pieces))
@@ -55,7 +57,10 @@ def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
     assert verdict.nbytes == sum(record.nbytes for record in whole)
     # Local "part" holds bytes on ranks 1, 2 | 4, 5, 7 | 8; every rank's pack does
     assert verdict.first_blocks == {0: {"part": 0, PACK_PATH: 0}, 4: {"part": 2, PACK_PATH: 4}, 8: {"part": 5, PACK_PATH: 8}}
-    for backend in (PosixBackend(), ADIOS2Backend()):
+    assert verdict.local_blocks == {path: [(block.rank, block.shape) for block in record.blocks]
+                                    for path, record in ((record.path, record) for record in whole) if record.kind == "local"}
+    assert merged_in_groups(plans)[1].local_blocks == {}  # only when asked (hdf5's rank 0 creates their datasets)
+    for backend in (PosixBackend(), ADIOS2Backend(), HDF5Backend()):
         laid_out = backend.layout(whole)
         expected = backend.parts(laid_out, range(RANKS))
         for (records, _), group in zip(pieces, GROUPS):
