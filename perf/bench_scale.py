@@ -543,9 +543,9 @@ def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
     return failed
 
 
-def print_table(points: list[dict[str, Any]], parts: list[tuple[str, str, str]] = PARTS) -> None:
+def print_table(points: list[dict[str, Any]]) -> None:
     print(f"{'':46s}" + "".join(f"{point['ranks']:>11,d}" for point in points) + "   exponents: overall, then per step")
-    for key, heading, unit in parts:
+    for key, heading, unit in [part for part in PARTS if part[0] in points[0]]:
         scale = 1e-6 if unit == "MB" else 1.0
         cells = "".join(f"{point[key] * scale:11.4g}" for point in points)
         growth = " ".join(f"{e:.2f}" for e in exponents([points[0], points[-1]], key) + exponents(points, key))
@@ -562,7 +562,7 @@ def plot(points: list[dict[str, Any]], grouped: list[dict[str, Any]], out: Path)
     ranks = [point["ranks"] for point in points]
     styles = {"first": "-", "groups": (0, (5, 1)), "later": "--", "rank": ":", "restore": "-.",  # one per group
               "boxes": (0, (1, 3))}  # fmt: skip
-    for key, heading, unit in PARTS:
+    for key, heading, unit in [part for part in PARTS if part[0] in points[0]]:
         style = {"linestyle": styles.get(heading.split()[0].rstrip(":"), "-"), "marker": "o"}
         if unit == "s":
             times.loglog(ranks, [max(point[key], 1e-6) for point in points], label=heading, **style)
@@ -639,7 +639,7 @@ def main() -> int:
         print(f"bench_scale: first save merged in groups, {count:,d} ranks x {args.group_leaves} leaves ...", flush=True)
         child = [sys.executable, __file__, "--groups", str(count), "--leaves", str(args.group_leaves)]
         grouped.append(json.loads(run_child(child, timeout=1800)))
-    print_table(grouped, [part for part in PARTS if part[0] in grouped[0]])
+    print_table(grouped)
     failed += check_groups_goal(grouped, timed=not args.quick)
     counted: dict[str, Any] = {}  # rank count -> per rank: per save and restore, calls and bytes received
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=".") as scratch:
