@@ -387,9 +387,6 @@ def save_coordinated(
     elif grouped is not None:
         merged = records = grouped[0]
         step_bytes = grouped[1]
-        if layouts is not None:
-            layouts.last = AgreedLayout.of(step, digests[1], rank, comm.size, records, step_bytes)
-        own_blocks = blocks_of_rank(records, staged, rank)
     else:
         plans = comm.gather(rank_plan, root=0)
         laid_out: list[RootLayout] = []  # rank 0's, which keeps every record for the manifest
@@ -411,6 +408,7 @@ def save_coordinated(
         if laid_out:
             merged, values, delta, records = laid_out[0].merged, laid_out[0].values, laid_out[0].delta, laid_out[0].records
         step_bytes = sum(record.nbytes for record in records) if rank == 0 else 0  # rank 0 holds every block
+    if agreed is None:  # merged in groups or on rank 0: kept for the next saves, unless a delta
         if layouts is not None and not delta_planned:
             layouts.last = AgreedLayout.of(step, digests[1], rank, comm.size, records, step_bytes)
         own_blocks = blocks_of_rank(records, staged, rank)

@@ -128,8 +128,8 @@ class HDF5Backend(Backend):
         Rank 0 creates the file and every dataset with serial HDF5, contiguous and
         allocated at once (or reuses a recycled file of the same layout), broadcasts the
         file offsets of the whole arrays' datasets and sends each rank those of its own
-        datasets (Local leaves, partial arrays); each rank then writes the C-order runs of its blocks at
-        those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
+        datasets (Local leaves, partial arrays); each rank then writes the C-order runs
+        of its blocks at those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
         no GIL in the data path, so a save in a background thread cannot deadlock with
         the application's MPI calls.
         """
