@@ -207,8 +207,6 @@ class GroupSummary:
     corners: dict[str, dict[Any, int]]  # per distributed leaf: its boxes' corner weights (model/boxes.py)
     fits: bool  # whether every box lies inside its global array
     nbytes: int  # the bytes of the group's blocks
-    stored: dict[str, int]  # per Local leaf: how many of the group's blocks hold bytes
-    local_blocks: dict[str, tuple[tuple[int, tuple[int, ...]], ...]]  # if asked: per Local leaf, (rank, shape) of each block
 
 
 @dataclass(frozen=True)
@@ -217,22 +215,18 @@ class GroupsVerdict:
 
     headers: tuple[LeafRecord, ...]  # every record of the step, without blocks, in rank order
     nbytes: int  # the bytes of the whole step
-    first_blocks: dict[int, dict[str, int]]  # by group (its first rank): per Local leaf, the blocks holding bytes before it
-    local_blocks: dict[str, list[tuple[int, tuple[int, ...]]]]  # if asked: per Local leaf, (rank, shape) of every block
 
 
-def merge_group(
-    plans: Sequence[RankPlan], first: int, size: int, *, local_blocks: bool = False
-) -> tuple[tuple[LeafRecord, ...], GroupSummary]:
+def merge_group(plans: Sequence[RankPlan], first: int, size: int) -> tuple[tuple[LeafRecord, ...], GroupSummary]:
     """Merge the plans of ranks ``first``, ``first + 1``, ... of ``size`` (a group), whose
     agreement digests (:func:`plan_digests`) are those of every rank: the tree, kinds,
     dtypes, global shapes, replicated arrays and values then agree everywhere, and only
     the tiling of the distributed leaves is left to check across groups (by
     :func:`check_groups`, from each group's corner weights). Pure.
 
-    Returns the group's records, with the blocks of its ranks, and its summary (with
-    ``local_blocks``, the rank and shape of every Local block, for a backend whose rank
-    0 creates a place for each).
+    Returns the group's records, with the blocks of its ranks, and its summary. (Where a
+    group's blocks go after the earlier groups' is the backend's part: its
+    ``group_extent`` and ``group_starts``, storage/base.py.)
     """
     records = tuple(
         LeafRecord(leaf.path, leaf.kind, leaf.dtype, leaf.shape if leaf.kind == "replicated" else leaf.global_shape,
@@ -251,11 +245,8 @@ def merge_group(
                 starts = np.array([offset for offset, _ in filled], dtype=np.int64)
                 corners[record.path] = corner_weights(starts, starts + np.array([shape for _, shape in filled]),
                                                       record.global_shape)  # fmt: skip
-    local = [record for record in records if record.kind == "local"]
-    stored = {record.path: sum(1 for block in record.blocks if block.size) for record in local}
-    shapes = {record.path: tuple((block.rank, block.shape) for block in record.blocks) for record in local if local_blocks}
     headers = tuple(replace(record, blocks=()) for record in records)
-    return records, GroupSummary(first, headers, corners, fits, sum(record.nbytes for record in records), stored, shapes)
+    return records, GroupSummary(first, headers, corners, fits, sum(record.nbytes for record in records))
 
 
 def check_groups(summaries: Sequence[GroupSummary]) -> GroupsVerdict | None:
@@ -276,15 +267,20 @@ def check_groups(summaries: Sequence[GroupSummary]) -> GroupsVerdict | None:
     for path, header in headers.items():
         if header.kind == "distributed" and totals.get(path, {}) != whole_array_weights(header.global_shape or ()):
             return None
-    first_blocks, running = {}, dict.fromkeys((path for path, header in headers.items() if header.kind == "local"), 0)
-    local_blocks: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
-    for summary in summaries:
-        first_blocks[summary.first] = {path: running[path] for path in summary.stored}
-        for path, count in summary.stored.items():
-            running[path] += count
-        for path, blocks in summary.local_blocks.items():
-            local_blocks.setdefault(path, []).extend(blocks)
-    return GroupsVerdict(tuple(headers.values()), sum(summary.nbytes for summary in summaries), first_blocks, local_blocks)
+    return GroupsVerdict(tuple(headers.values()), sum(summary.nbytes for summary in summaries))
+
+
+def running_totals(counts: Sequence[Mapping[str, int]]) -> tuple[list[dict[str, int]], dict[str, int]]:
+    """For each of ``counts`` (in order), per key, the sum of the earlier ones' (0 where
+    none had the key): where each group's blocks start after the earlier groups'; and
+    the sum of them all per key. Pure."""
+    running: dict[str, int] = {}
+    starts = []
+    for count in counts:
+        starts.append({key: running.get(key, 0) for key in count})
+        for key, value in count.items():
+            running[key] = running.get(key, 0) + value
+    return starts, running
 
 
 def _leaves_by_path(plans: Sequence[RankPlan], first: int) -> list[list[tuple[int, LeafPlan]]]:

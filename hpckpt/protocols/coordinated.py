@@ -76,6 +76,7 @@ from ..model.layout import (
     PACK_LIMIT,
     AgreedLayout,
     GroupSummary,
+    GroupsVerdict,
     LeafPlan,
     PlannedMember,
     RankPlan,
@@ -561,17 +562,15 @@ def lay_out_in_groups(
     instead of on rank 0: each leader gathers its group's plans and merges them
     (:func:`~hpckpt.model.layout.merge_group`), rank 0 adds up the leaders' summaries
     (:func:`~hpckpt.model.layout.check_groups`: the tiling of every distributed leaf, the
-    step's bytes, where each group's Local blocks start), and each leader lays out its
-    group and sends each of its ranks its part. A leader receives its group's plans,
-    rank 0 the leaders' summaries: about sqrt(P) of either (and, for a backend that
-    :attr:`~hpckpt.storage.base.Backend.needs_every_local_block`, the rank and shape of
-    every Local block: hdf5 creates a dataset for each).
+    step's bytes) and the extents of their blocks (where each group's blocks start after
+    the earlier groups', :meth:`~hpckpt.storage.base.Backend.group_starts`), and each
+    leader lays out its group and sends each of its ranks its part. A leader receives
+    its group's plans, rank 0 the leaders' summaries: about sqrt(P) of either.
 
     Collective over ``comm``, whose ranks all gave the same agreement digest
     (:func:`agree_on_layout`), with a backend that :attr:`~hpckpt.storage.base.Backend.lays_out_in_groups`;
     ``timed(name, action, collective)`` runs each phase. Returns this rank's records
-    (rank 0's: every record, with its own blocks and, if the backend needs them, every
-    Local block, with its rank and shape only) and, on rank 0, the step's bytes
+    (rank 0's: every record, with its own blocks) and, on rank 0, the step's bytes
     (0 elsewhere); None on every rank when some leaf's boxes do not tile its array: the
     plans must then be merged whole (:func:`lay_out_on_root`), which names leaf and ranks.
     """
@@ -579,35 +578,41 @@ def lay_out_in_groups(
     plans = timed("plans to leaders", lambda: plan, gather_in_groups)
     merged: list[tuple[LeafRecord, ...]] = []
 
-    def merge() -> GroupSummary | None:
+    def merge() -> tuple[GroupSummary, Any] | None:
         point("save.merge")
         if plans is None:  # not a leader
             return None
-        records, summary = merge_group(plans, group.start, comm.size, local_blocks=backend.needs_every_local_block)
+        records, summary = merge_group(plans, group.start, comm.size)
         merged.append(records)
-        return summary
+        return summary, backend.group_extent(records)
 
     summaries = timed("merge in groups", merge, gather_from_leaders)
-    verdict = timed("check the groups", lambda: None if summaries is None else check_groups(summaries))
-    first_blocks = share_with_leaders(comm, None if verdict is None else verdict.first_blocks)
+
+    def check() -> tuple[GroupsVerdict, dict[int, Any]] | None:
+        verdict = None if summaries is None else check_groups([summary for summary, _ in summaries])
+        if verdict is None:
+            return None
+        starts = backend.group_starts([extent for _, extent in summaries])
+        return verdict, {summary.first: start for (summary, _), start in zip(summaries, starts)}
+
+    checked = timed("check the groups", check)
+    starts = share_with_leaders(comm, None if checked is None else checked[1])
 
     def cut() -> list[tuple[LeafRecord, ...] | None] | None:
         if plans is None:
             return None
-        if first_blocks is None:  # the boxes do not tile: every rank merges whole
+        if starts is None:  # the boxes do not tile: every rank merges whole
             return [None] * len(group)
-        return list(backend.parts(backend.layout(merged[0], first_blocks[group.start]), group))
+        return list(backend.parts(backend.layout(merged[0], starts[group.start]), group))
 
     part = timed("lay out in groups", cut, scatter_in_groups)
     if part is None:
         return None
-    if verdict is None:  # every rank but 0
+    if checked is None:  # every rank but 0
         return part, 0
+    verdict, first_starts = checked[0], checked[1][0]
     own = {record.path: record.blocks for record in part}
-    others = {path: tuple(Block(rank, (), shape, "") for rank, shape in blocks if rank)  # the other ranks'
-              for path, blocks in verdict.local_blocks.items()}  # fmt: skip
-    records = tuple(replace(record, blocks=own.get(record.path, ()) + others.get(record.path, ()))
-                    for record in backend.layout(verdict.headers))  # fmt: skip
+    records = tuple(replace(record, blocks=own.get(record.path, ())) for record in backend.layout(verdict.headers, first_starts))
     return records, verdict.nbytes
 
 

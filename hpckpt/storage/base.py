@@ -108,7 +108,6 @@ class Backend:
 
     name: str = ""
     lays_out_in_groups: bool = False  # see layout()
-    needs_every_local_block: bool = False  # rank 0's write takes every rank's Local blocks, even laid out in groups
     writes_in_place: bool = False
     collective_write: bool = False
     shows_annotations: bool = False
@@ -125,15 +124,28 @@ class Backend:
         """Whether a restore gives back leaf ``path``'s bytes exactly. Pure. Default: True."""
         return True
 
-    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
+    def layout(self, records: Sequence[LeafRecord], start: Any = None) -> tuple[LeafRecord, ...]:
         """``records`` with their storage locations filled in. Pure and deterministic.
 
         Where :attr:`lays_out_in_groups`, ``records`` may hold the blocks of a group of
-        consecutive ranks only (a leader's, see model/layout.py ``merge_group``);
-        ``first_blocks`` then gives, per Local leaf, how many blocks holding bytes the
-        ranks before the group have. The blocks are placed as in a layout of all ranks.
+        consecutive ranks only (a leader's, see model/layout.py ``merge_group``), and
+        ``start``, the group's from :meth:`group_starts`, says where the blocks of the
+        ranks before it end. The blocks are placed as in a layout of all ranks.
         """
         raise NotImplementedError
+
+    def group_extent(self, records: Sequence[LeafRecord]) -> Any:
+        """What the blocks of a group's ``records`` (a leader's, merged from its ranks'
+        plans) take up, for the groups after it: small, sent to rank 0. Pure. Default:
+        None (no block's place depends on another group's)."""
+        return None
+
+    def group_starts(self, extents: Sequence[Any]) -> list[Any]:
+        """Each group's ``start`` for :meth:`layout`, from every group's
+        :meth:`group_extent` in rank order (rank 0, whose group is first, lays out the
+        step's records with its own; it may say what the whole step takes). Pure.
+        Default: None for each."""
+        return [None] * len(extents)
 
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
         """What each rank of ``ranks`` passes to :meth:`write` as its ``records``, of the

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..model.layout import running_totals
 from ..model.manifest import Block, LeafRecord
 from .adios2_c import BP5File, BP5Step
 from .base import Backend, BlockData, Landed
@@ -115,7 +116,7 @@ class ADIOS2Backend(Backend):
     """
 
     name = "adios2"
-    lays_out_in_groups = True  # a group's Local blocks are numbered after first_blocks
+    lays_out_in_groups = True  # a group's Local blocks are numbered after the earlier groups' (group_starts)
     writes_in_place = True  # a recycled data.bp/ is written into (see write)
     collective_write = True  # the aggregators gather the other ranks' data and metadata
 
@@ -130,9 +131,10 @@ class ADIOS2Backend(Backend):
         self.engine = engine
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
 
-    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
+    def layout(self, records: Sequence[LeafRecord], start: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
         """Variables are named by leaf path; local blocks get their ADIOS2 block id: their
-        index among the blocks holding bytes, in rank order (after ``first_blocks``)."""
+        index among the blocks holding bytes, in rank order (after the ``start`` of a
+        group's, per Local leaf)."""
         placed = []
         for record in records:
             location: dict[str, Any] = {"directory": DIRECTORY_NAME, "variable": record.path}
@@ -141,7 +143,7 @@ class ADIOS2Backend(Backend):
             blocks = record.blocks
             if record.kind == "local":
                 stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
-                ids = {block.rank: index for index, block in enumerate(stored, start=(first_blocks or {}).get(record.path, 0))}
+                ids = {block.rank: index for index, block in enumerate(stored, start=(start or {}).get(record.path, 0))}
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks = tuple(
                     Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}, b.members) if b.size else b
@@ -151,6 +153,14 @@ class ADIOS2Backend(Backend):
                 LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, location, record.encoding)
             )
         return tuple(placed)
+
+    def group_extent(self, records: Sequence[LeafRecord]) -> dict[str, int]:
+        """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
+        return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == "local"}
+
+    def group_starts(self, extents: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
+        """Per group, per Local leaf: the blocks holding bytes before it (its first block id)."""
+        return running_totals(extents)[0]
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]

@@ -6,7 +6,14 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
   global array, contiguous; each rank writes its hyperslab's bytes at the dataset's file
   offset (rank 0 creates the file and the datasets first), whole pages of large
   blocks with direct I/O (:mod:`hpckpt.storage.direct`);
-- a local leaf ``a/b`` is the group ``/a/b`` with one dataset per rank, ``rank-00003``;
+- a local leaf ``a/b`` is the 1-D dataset ``/a/b`` of its dtype holding every rank's
+  block, flattened in C order, one after the other in rank order; a block's
+  ``location`` in the manifest gives its first element (``"start"``) and the leaf's
+  the dataset's length (``"elements"``). (Before 2026-12-03 it was the group ``/a/b``
+  with a dataset per rank, ``rank-00003``, which hpckpt still reads: at 100,000 ranks,
+  rank 0 spent 21 s creating them);
+- the blocks of a partial array (an incremental step's changed blocks) are datasets of
+  their own in the group ``/a/b``, ``rank-00003``;
 - every dataset (or local group) has the attribute ``hpckpt_kind``.
 
 A ``data.h5`` already in the step directory (recycled by retention from the deleted
@@ -35,6 +42,7 @@ import numpy as np
 
 from .._checks import require_count
 from .._comm import await_everyone
+from ..model.layout import running_totals
 from ..model.manifest import Block, LeafRecord
 from . import direct
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Landed
@@ -48,6 +56,8 @@ if TYPE_CHECKING:
 FILE_NAME = "data.h5"
 LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in the file
 PER_RANK = "per_rank"  # block location key: the block is a dataset of its own
+START = "start"  # block location key: a Local block's first element in its leaf's dataset
+ELEMENTS = "elements"  # leaf location key: the length of a Local leaf's dataset
 
 
 def _h5py() -> Any:
@@ -84,8 +94,7 @@ class HDF5Backend(Backend):
     """
 
     name = "hdf5"
-    lays_out_in_groups = True  # a group's blocks are complete arrays' (checked across groups): none is per rank
-    needs_every_local_block = True  # rank 0 creates every rank's Local dataset
+    lays_out_in_groups = True  # a group's Local blocks start after the earlier groups' elements (group_starts)
     writes_in_place = True
     shows_annotations = True  # plain values as root attributes, axis names as dimension scales
 
@@ -107,14 +116,21 @@ class HDF5Backend(Backend):
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
         self.direct_io = bool(direct_io)
 
-    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
-        """Each leaf lives in ``data.h5`` at the dataset (or, if local, group) of its path.
-        A group's records (``first_blocks`` given) hold parts of whole arrays."""
-        return tuple(  # direct construction: dataclasses.replace costs 5 us a call
-            LeafRecord(r.path, r.kind, r.dtype, r.global_shape, r.blocks if first_blocks is not None else _marked_blocks(r),
-                       {"file": FILE_NAME, "dataset": f"/{r.path}"}, r.encoding)
-            for r in records
-        )  # fmt: skip
+    def layout(self, records: Sequence[LeafRecord], start: Mapping[str, tuple[int, int]] | None = None) -> tuple[LeafRecord, ...]:
+        """Each leaf lives in ``data.h5`` at the dataset of its path; a Local block at its
+        first element there (after the ``start`` of a group's: per Local leaf, the
+        elements of the earlier groups' blocks and of every rank's). A group's records
+        hold parts of whole arrays: none is marked per rank."""
+        return tuple(_placed(record, start) for record in records)
+
+    def group_extent(self, records: Sequence[LeafRecord]) -> dict[str, int]:
+        """Per Local leaf, the elements of the group's blocks."""
+        return {record.path: sum(block.size for block in record.blocks) for record in records if record.kind == "local"}
+
+    def group_starts(self, extents: Sequence[Mapping[str, int]]) -> list[dict[str, tuple[int, int]]]:
+        """Per group, per Local leaf: the elements before it, and every rank's."""
+        starts, totals = running_totals(extents)
+        return [{path: (before, totals[path]) for path, before in start.items()} for start in starts]
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData],
@@ -123,12 +139,12 @@ class HDF5Backend(Backend):
         """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
         Collective over ``comm`` (a broadcast and a scatter): rank 0 passes every record
-        (laid out in groups: every record with its own blocks and every rank's Local
-        blocks), another rank its part (:meth:`~hpckpt.storage.base.Backend.parts`).
-        Rank 0 creates the file and every dataset with serial HDF5, contiguous and
-        allocated at once (or reuses a recycled file of the same layout), broadcasts the
-        file offsets of the whole arrays' datasets and sends each rank those of its own
-        datasets (Local leaves, partial arrays); each rank then writes the C-order runs
+        (laid out in groups: every record with its own blocks only), another rank its
+        part (:meth:`~hpckpt.storage.base.Backend.parts`). Rank 0 creates the file and
+        every dataset with serial HDF5, contiguous and allocated at once (or reuses a
+        recycled file of the same layout), broadcasts the file offsets of the leaves'
+        datasets and sends each rank those of its own datasets (a partial array's
+        blocks); each rank then writes the C-order runs
         of its blocks at those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
         no GIL in the data path, so a save in a background thread cannot deadlock with
         the application's MPI calls.
@@ -203,8 +219,7 @@ class HDF5Backend(Backend):
             return None
 
     def _create(self, h5: Any, record: LeafRecord) -> dict[str, Any]:
-        """Create the dataset of ``record`` (a group of one per rank if local or partial);
-        their ids by name."""
+        """Create the dataset of ``record`` (a group of one per rank if partial); their ids by name."""
         dtype = np.dtype(record.dtype)
         if _in_groups(record):
             group = h5.create_group(record.path)
@@ -213,7 +228,7 @@ class HDF5Backend(Backend):
                 _dataset_name(record, block): _new_dataset(group.id, local_block_name(block.rank), block.shape, dtype)
                 for block in _stored_blocks(record)
             }
-        dataset_id = _new_dataset(h5.id, record.path, record.whole_shape, dtype)
+        dataset_id = _new_dataset(h5.id, record.path, _dataset_shape(record), dtype)
         self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
         return {record.location["dataset"]: dataset_id}
 
@@ -237,18 +252,20 @@ class HDF5Backend(Backend):
                     record, block = request.record, request.block
                     name = _dataset_name(record, block)
                     per_rank = _per_rank(record, block)
-                    expected = block.shape if per_rank else record.whole_shape
+                    expected = block.shape if per_rank else _dataset_shape(record)
                     dataset_id = _open(h5, name)
                     dataset_offset = _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype),
                                                     file_size)  # fmt: skip
-                    offset = (0,) * len(expected) if per_rank else block.offset
+                    offset, out = (0,) * len(expected) if per_rank else block.offset, request.array
+                    if record.kind == "local" and not per_rank:  # its elements, flattened, among every rank's
+                        offset, out = (block.location[START],), out.reshape(-1)
                     if dataset_offset is None:
-                        _read_box(dataset_id, offset, request.array)
+                        _read_box(dataset_id, offset, out)
                         if landed is not None:
                             landed(request, request.array.nbytes)
                         continue
                     progress = None if landed is None else partial(landed, request)
-                    _read_runs(descriptor, path, dataset_offset, expected, offset, request.array, progress)
+                    _read_runs(descriptor, path, dataset_offset, expected, offset, out, progress)
         finally:
             os.close(descriptor)
 
@@ -285,10 +302,25 @@ def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np
     return None
 
 
+def _placed(record: LeafRecord, start: Mapping[str, tuple[int, int]] | None) -> LeafRecord:
+    """``record`` laid out (:meth:`HDF5Backend.layout`). Direct construction:
+    dataclasses.replace costs 5 us a call, 10,000s per save."""
+    location: dict[str, Any] = {"file": FILE_NAME, "dataset": f"/{record.path}"}
+    if record.kind != "local":
+        blocks = record.blocks if start is not None else _marked_blocks(record)
+        return LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, location, record.encoding)
+    first, location[ELEMENTS] = start[record.path] if start is not None else (0, sum(b.size for b in record.blocks))
+    placed = []
+    for b in record.blocks:
+        placed.append(Block(b.rank, b.offset, b.shape, b.checksum, {**b.location, START: first}, b.members))
+        first += b.size
+    return LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(placed), location, record.encoding)
+
+
 def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
     """``record``'s blocks; those of a partial distributed array (an incremental step's
     changed blocks, one rank's own checkpoint) marked ``"per_rank"``: each is a dataset of
-    its own, like a local leaf's, and the file holds no whole array."""
+    its own, and the file holds no whole array."""
     if not _partial(record):
         return record.blocks
     return tuple(Block(b.rank, b.offset, b.shape, b.checksum, {**b.location, PER_RANK: True}, b.members)
@@ -297,19 +329,20 @@ def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
 
 def _in_groups(record: LeafRecord) -> bool:
     """Whether a laid-out ``record`` is written as a group of one dataset per rank: a
-    Local leaf, or a distributed one whose blocks the layout marked (a partial array),
-    or that has none of a non-empty array. Rank 0 may hold only its own blocks of a
-    whole array (laid out in groups), so the blocks' coverage cannot tell."""
+    distributed leaf whose blocks the layout marked (a partial array), or that has none
+    of a non-empty array. Rank 0 may hold only its own blocks of a whole array (laid out
+    in groups), so the blocks' coverage cannot tell."""
     if record.kind != "distributed":
-        return record.kind == "local"
+        return False
     if not record.blocks:
         return math.prod(record.whole_shape) > 0
     return any(block.location.get(PER_RANK) for block in record.blocks)
 
 
 def _per_rank(record: LeafRecord, block: Block) -> bool:
-    """Whether ``block`` is stored as a dataset of its own (local, or a partial array's)."""
-    return record.kind == "local" or bool(block.location.get(PER_RANK))
+    """Whether ``block`` is stored as a dataset of its own: a partial array's, or a Local
+    block of a file written before Local leaves were one dataset (no ``"start"``)."""
+    return bool(block.location.get(PER_RANK)) or (record.kind == "local" and START not in block.location)
 
 
 def _partial(record: LeafRecord) -> bool:
@@ -318,10 +351,15 @@ def _partial(record: LeafRecord) -> bool:
     return record.kind == "distributed" and covered < math.prod(record.whole_shape)
 
 
+def _dataset_shape(record: LeafRecord) -> tuple[int, ...]:
+    """The shape of the dataset of a laid-out ``record`` that is not :func:`_in_groups`:
+    a Local leaf's every element, or the global array."""
+    return (int(record.location[ELEMENTS]),) if record.kind == "local" else record.whole_shape
+
+
 def _stored_blocks(record: LeafRecord) -> Sequence[Block]:
-    """The blocks of a per-rank ``record`` that have a dataset: every rank's of a local
-    leaf, the non-empty ones of a partial array."""
-    return record.blocks if record.kind == "local" else [block for block in record.blocks if block.size]
+    """The blocks of a partial array that have a dataset: the non-empty ones."""
+    return [block for block in record.blocks if block.size]
 
 
 def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -332,7 +370,7 @@ def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[i
         if _in_groups(record):
             expected.update({_dataset_name(record, b): (tuple(b.shape), dtype) for b in _stored_blocks(record)})
         else:
-            expected[record.location["dataset"]] = (tuple(record.global_shape or ()), dtype)
+            expected[record.location["dataset"]] = (_dataset_shape(record), dtype)
     return expected
 
 
@@ -348,7 +386,7 @@ def _attach_dimension_scales(h5: Any, records: Sequence[LeafRecord], dims: Mappi
     name at the file's root (netCDF-4's dimensions, which h5netcdf and xarray show),
     attached to the datasets. ValueError for a name given two lengths, or taken by a leaf."""
     lengths: dict[str, tuple[int, str]] = {}
-    named = [record for record in records if dims.get(record.path) and not _in_groups(record)]
+    named = [record for record in records if dims.get(record.path) and record.kind != "local" and not _in_groups(record)]
     for record in named:
         for name, length in zip(dims[record.path], record.whole_shape):
             first = lengths.setdefault(name, (length, record.path))
@@ -379,13 +417,13 @@ def _set_value_attributes(h5: Any, values: Mapping[str, Any]) -> None:
 
 
 def _whole_offsets(records: Sequence[LeafRecord], offsets: dict[str, int | None]) -> dict[str, int | None]:
-    """The file offsets of the whole arrays' datasets (every rank may write into them)."""
+    """The file offsets of the leaves' own datasets (every rank may write into them)."""
     return {record.location["dataset"]: offsets[record.location["dataset"]] for record in records if not _in_groups(record)}
 
 
 def _offsets_by_rank(records: Sequence[LeafRecord], offsets: dict[str, int | None], size: int) -> list[dict[str, int | None]]:
-    """For each rank of ``size``, the file offsets of its own datasets (its Local blocks',
-    its blocks of partial arrays; all of them when one process writes every block)."""
+    """For each rank of ``size``, the file offsets of its own datasets (its blocks of
+    partial arrays; all of them when one process writes every block)."""
     if size == 1:
         return [offsets]
     shares: list[dict[str, int | None]] = [{} for _ in range(size)]
@@ -398,8 +436,8 @@ def _offsets_by_rank(records: Sequence[LeafRecord], offsets: dict[str, int | Non
 
 
 def _dataset_name(record: LeafRecord, block: Block) -> str:
-    """The dataset that holds ``block`` of laid-out ``record``: the whole array's, or the
-    block's own inside the leaf's group (local leaves, partial arrays)."""
+    """The dataset that holds ``block`` of laid-out ``record``: the leaf's, or the block's
+    own inside the leaf's group (:func:`_per_rank`)."""
     base = record.location["dataset"]
     return f"{base}/{local_block_name(block.rank)}" if _per_rank(record, block) else base
 
@@ -467,6 +505,8 @@ def _file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int,
     raw = data.array.reshape(-1).view(np.uint8).data
     if _per_rank(record, block):
         return [(dataset_offset, raw)]
+    if record.kind == "local":
+        return [(dataset_offset + block.location[START] * itemsize, raw)]
     starts, run = file_runs(record.whole_shape, block.offset, block.shape)
     run_bytes = run * itemsize
     return [(dataset_offset + start * itemsize, raw[index * run_bytes : (index + 1) * run_bytes])

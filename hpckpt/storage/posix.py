@@ -129,14 +129,14 @@ class PosixBackend(Backend):
         """A file per rank: no rank's offsets depend on another's blocks."""
         return self.ranks_per_file == 1
 
-    def layout(self, records: Sequence[LeafRecord], first_blocks: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
+    def layout(self, records: Sequence[LeafRecord], start: None = None) -> tuple[LeafRecord, ...]:
         """Give every block a file and byte offset (the same on every rank)."""
         relative: dict[tuple[str, int], int] = {}
         segment_bytes: dict[int, int] = {}
         for rank, record, block in _stored_blocks(records):
-            start = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
-            relative[(record.path, block.rank)] = start
-            segment_bytes[rank] = start + _stored_size(record, block)
+            place = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
+            relative[(record.path, block.rank)] = place
+            segment_bytes[rank] = place + _stored_size(record, block)
         world = _world_size(records)
         first = min(segment_bytes, default=0)
         segment_start: dict[int, int] = {}

@@ -41,12 +41,15 @@ def unpacked(path, read_block):
 
 PLAIN_H5PY = UNPACK + """
 import h5py
+def slice_of(block):  # a Local leaf is one dataset: every rank's elements in rank order
+    start = block["location"]["start"]
+    return slice(start, start + int(np.prod(block["shape"])))
 with h5py.File(sys.argv[1] + "/data.h5", "r") as h5:
     pack = h5["__hpckpt__/packed"]
     out = {
         "field": digest(h5["field"][...]),
         "table": digest(h5["table"][...]),
-        "rng": [digest(a) for a in unpacked("rng", lambda block: pack[f"rank-{block['rank']:05d}"][...])],
+        "rng": [digest(a) for a in unpacked("rng", lambda block: pack[slice_of(block)])],
         "kinds": {name: str(h5[name].attrs["hpckpt_kind"]) for name in ("field", "table")},
     }
     out["kinds"]["rng"] = str(pack.attrs["hpckpt_kind"])

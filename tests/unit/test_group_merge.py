@@ -39,33 +39,36 @@ def grid_plan(rank: int, box=None) -> RankPlan:
     return RankPlan(leaves, {"it": 3})
 
 
-def merged_in_groups(plans, local_blocks=False):
-    pieces = [merge_group(plans[group.start : group.stop], group.start, len(plans), local_blocks=local_blocks)
-              for group in GROUPS]  # fmt: skip
+def merged_in_groups(plans):
+    pieces = [merge_group(plans[group.start : group.stop], group.start, len(plans)) for group in GROUPS]
     return pieces, check_groups([summary for _, summary in pieces])
 
 
 def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
     plans = [grid_plan(rank) for rank in range(RANKS)]
     whole, _ = merge_plans(plans)
-    pieces, verdict = merged_in_groups(plans, local_blocks=True)
+    pieces, verdict = merged_in_groups(plans)
     assert verdict is not None
     for number, record in enumerate(whole):
         blocks = tuple(itertools.chain.from_iterable(records[number].blocks for records, _ in pieces))
         assert blocks == record.blocks, record.path
     assert verdict.headers == tuple(replace(record, blocks=()) for record in whole)
     assert verdict.nbytes == sum(record.nbytes for record in whole)
-    # Local "part" holds bytes on ranks 1, 2 | 4, 5, 7 | 8; every rank's pack does
-    assert verdict.first_blocks == {0: {"part": 0, PACK_PATH: 0}, 4: {"part": 2, PACK_PATH: 4}, 8: {"part": 5, PACK_PATH: 8}}
-    assert verdict.local_blocks == {path: [(block.rank, block.shape) for block in record.blocks]
-                                    for path, record in ((record.path, record) for record in whole) if record.kind == "local"}
-    assert merged_in_groups(plans)[1].local_blocks == {}  # only when asked (hdf5's rank 0 creates their datasets)
+    # Local "part" holds rank % 3 elements: ranks 1, 2 | 4, 5, 7 | 8 hold bytes; every rank's pack does (16 bytes)
+    adios2_starts = ADIOS2Backend().group_starts([ADIOS2Backend().group_extent(records) for records, _ in pieces])
+    assert adios2_starts == [{"part": 0, PACK_PATH: 0}, {"part": 2, PACK_PATH: 4}, {"part": 5, PACK_PATH: 8}]
+    hdf5_starts = HDF5Backend().group_starts([HDF5Backend().group_extent(records) for records, _ in pieces])
+    assert hdf5_starts == [{"part": (0, 9), PACK_PATH: (0, 160)}, {"part": (3, 9), PACK_PATH: (64, 160)},
+                           {"part": (7, 9), PACK_PATH: (128, 160)}]  # fmt: skip
     for backend in (PosixBackend(), ADIOS2Backend(), HDF5Backend()):
         laid_out = backend.layout(whole)
         expected = backend.parts(laid_out, range(RANKS))
-        for (records, _), group in zip(pieces, GROUPS):
-            placed = backend.layout(records, verdict.first_blocks[group.start])
+        starts = backend.group_starts([backend.group_extent(records) for records, _ in pieces])
+        for (records, _), group, start in zip(pieces, GROUPS, starts):
+            placed = backend.layout(records, start)
             assert backend.parts(placed, group) == expected[group.start : group.stop], (backend.name, group)
+        headers = backend.layout(verdict.headers, starts[0])  # rank 0's, laid out in groups
+        assert headers == tuple(replace(record, blocks=()) for record in laid_out), backend.name
 
 
 def boxes_plans(boxes):

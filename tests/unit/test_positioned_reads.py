@@ -80,3 +80,42 @@ def test_a_positioned_read_past_the_end_of_a_file_says_where(tmp_path: Path) -> 
             read_into(descriptor, out, 64, path)
     finally:
         os.close(descriptor)
+
+
+def _local_record(shapes: list[tuple[int, ...]]) -> LeafRecord:
+    return LeafRecord("rng", "local", "<i8", None, tuple(Block(rank, (), shape, "0") for rank, shape in enumerate(shapes)))
+
+
+def test_a_local_leaf_is_one_dataset_of_every_ranks_elements_in_rank_order(tmp_path: Path) -> None:
+    import h5py
+    from mpi4py import MPI
+
+    shapes = [(2, 3), (0,), (), (4,)]  # an empty block and a 0-d one among them
+    arrays = [np.arange(int(np.prod(shape)), dtype="<i8").reshape(shape) + 100 * rank for rank, shape in enumerate(shapes)]
+    backend = open_backend("hdf5")
+    placed = backend.layout([_local_record(shapes)])[0]
+    assert placed.location["elements"] == 11 and [block.location["start"] for block in placed.blocks] == [0, 6, 6, 7]
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, block, array)
+                                                     for block, array in zip(placed.blocks, arrays)])  # fmt: skip
+    with h5py.File(tmp_path / "data.h5", "r") as h5:  # plain h5py: the blocks one after the other
+        assert h5["rng"].shape == (11,) and h5["rng"].attrs["hpckpt_kind"] == "local"
+        assert h5["rng"][...].tolist() == [0, 1, 2, 3, 4, 5, 200, 300, 301, 302, 303]
+    for block, array in zip(placed.blocks, arrays):
+        out = np.full(block.shape, -1, dtype="<i8")
+        backend.read(tmp_path, [BlockData(placed, block, out)])
+        assert np.array_equal(out, array), block.rank
+
+
+def test_a_local_leaf_stored_as_a_dataset_per_rank_before_2026_12_03_still_reads(tmp_path: Path) -> None:
+    import h5py
+
+    shapes = [(3,), (2, 2)]
+    arrays = [np.arange(3, dtype="<i8"), np.arange(4, dtype="<i8").reshape(2, 2) + 10]
+    with h5py.File(tmp_path / "data.h5", "w") as h5:  # the old layout: a group with rank-NNNNN datasets
+        for rank, array in enumerate(arrays):
+            h5.create_dataset(f"rng/rank-{rank:05d}", data=array)
+    old = LeafRecord("rng", "local", "<i8", None, _local_record(shapes).blocks, {"file": "data.h5", "dataset": "/rng"})
+    for block, array in zip(old.blocks, arrays):
+        out = np.empty(block.shape, dtype="<i8")
+        open_backend("hdf5").read(tmp_path, [BlockData(old, block, out)])
+        assert np.array_equal(out, array), block.rank
