@@ -12,10 +12,11 @@ count runs in a child process, so its peak memory is its own. What is timed:
 - ``first save`` (of a layout): rank 0 receives every plan (their pickled bytes), runs
   ``merge_plans``, every backend's ``layout`` and cuts each rank's part
   (``Backend.parts``); another rank receives its part and keeps it for later saves;
-- ``groups``, the first save merged in the arrival groups instead (from 1024 ranks on;
-  every backend but posix with files shared by several ranks): the first group's leader receives its group's plans, runs
-  ``merge_group``, lays its group out and cuts its ranks' parts; rank 0 receives every
-  leader's summary, runs ``check_groups`` and lays out the records without blocks;
+- ``groups``, the first save merged in the arrival groups instead (from 1024 ranks
+  on): the first group's leader receives its group's plans, runs ``merge_group``, lays
+  its group out and cuts its ranks' parts (every backend; posix also with files of 48
+  ranks); rank 0 receives every leader's summary and extent, runs ``check_groups`` and
+  ``group_starts``, lays out the records without blocks and creates hdf5's ``data.h5``;
 - ``later save``, on every rank but 0: ``plan_digests`` of its own plan and the one
   reduction of :func:`~hpckpt.protocols.coordinated.agree_on_layout`;
 - ``rank 0``, every save: the sync reports it gathers, ``fill_checksums`` and the
@@ -245,11 +246,16 @@ def measure_groups(ranks: int, leaves: int) -> dict[str, Any]:
     return found
 
 
+SHARED_FILE_RANKS = 48  # posix files of a node's ranks, which do not divide the groups' sqrt(P)
+
+
 def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
-    """A first save merged in the arrival groups (from 1024 ranks on, but posix files of several ranks):
-    what the leader of the first group receives, merges and lays out, what rank 0
-    receives from the leaders (their summaries and hdf5's extents, the larger) and
-    checks, what each leader then receives from rank 0, and hdf5's rank 0 creating
+    """A first save merged in the arrival groups (from 1024 ranks on): what the leader of
+    the first group receives, merges and lays out (every backend's layout and parts,
+    posix with a file per rank and per :data:`SHARED_FILE_RANKS` ranks), what rank 0
+    receives from the leaders (their summaries and a backend's extents, the largest) and
+    checks (``check_groups``, then the slowest backend's ``group_starts``), what each
+    leader then receives from rank 0 (the largest starts), and hdf5's rank 0 creating
     ``data.h5`` with every dataset (the real write's, alone on ``COMM_SELF``)."""
     from mpi4py import MPI
 
@@ -257,26 +263,32 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     found: dict[str, Any] = {"group_plans_bytes": len(pickle.dumps(plans[first.start : first.stop],
                                                                     protocol=pickle.HIGHEST_PROTOCOL))}  # fmt: skip
     found["group_merge_s"], (records, _) = seconds(lambda: merge_group(plans[first.start : first.stop], first.start, ranks))
-    backends = (ADIOS2Backend(), HDF5Backend(direct_io=False), PosixBackend())
-    summaries, extents = [], {backend.name: [] for backend in backends}  # type: ignore[var-annotated]
+    hdf5 = HDF5Backend(direct_io=False)
+    backends = {"adios2": ADIOS2Backend(), "hdf5": hdf5, "posix": PosixBackend(),
+                "posix_shared": PosixBackend(ranks_per_file=SHARED_FILE_RANKS)}  # fmt: skip
+    summaries, extents = [], {name: [] for name in backends}  # type: ignore[var-annotated]
     for leader in range(0, ranks, len(first)):
-        group_records, summary = merge_group(plans[leader : leader + len(first)], leader, ranks)
+        group = arrival_group(leader, ranks)
+        group_records, summary = merge_group(plans[group.start : group.stop], leader, ranks)
         summaries.append(summary)
-        for backend in backends:
-            extents[backend.name].append(backend.group_extent(group_records))
-    found["summaries_bytes"] = len(pickle.dumps(list(zip(summaries, extents["hdf5"])), protocol=pickle.HIGHEST_PROTOCOL))
-    hdf5 = backends[1]
-    found["check_groups_s"], (verdict, hdf5_starts) = seconds(lambda: (check_groups(summaries),
-                                                                       hdf5.group_starts(extents["hdf5"])))  # fmt: skip
+        for name, backend in backends.items():
+            extents[name].append(backend.group_extent(group_records, group))
+    found["summaries_bytes"] = max(len(pickle.dumps(list(zip(summaries, extents[name])), protocol=pickle.HIGHEST_PROTOCOL))
+                                   for name in backends)  # fmt: skip
+    found["check_groups_s"], verdict = seconds(lambda: check_groups(summaries))
     assert verdict is not None
-    found["starts_bytes"] = len(pickle.dumps(dict(zip(range(0, ranks, len(first)), hdf5_starts)),
-                                             protocol=pickle.HIGHEST_PROTOCOL))  # fmt: skip
-    for backend in backends:
-        start = backend.group_starts(extents[backend.name])[0]
-        found[f"group_layout_{backend.name}_s"], parts = seconds(
-            lambda backend=backend, start=start: backend.parts(backend.layout(records, start), first))
-    found["group_part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
-    found["headers_layout_s"], headers = seconds(lambda: hdf5.layout(verdict.headers, hdf5_starts[0]))
+    starts, starts_bytes = {}, []
+    for name, backend in backends.items():
+        found[f"group_starts_{name}_s"], starts[name] = seconds(lambda b=backend, e=extents[name]: b.group_starts(e))
+        by_leader = dict(zip(range(0, ranks, len(first)), starts[name]))
+        starts_bytes.append(len(pickle.dumps(by_leader, protocol=pickle.HIGHEST_PROTOCOL)))
+    found["starts_bytes"] = max(starts_bytes)
+    for name, backend in backends.items():
+        found[f"group_layout_{name}_s"], parts = seconds(
+            lambda backend=backend, start=starts[name][0]: backend.parts(backend.layout(records, start), first))
+        found["group_part_bytes" if name != "posix_shared" else "group_part_shared_bytes"] = len(
+            pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
+    found["headers_layout_s"], headers = seconds(lambda: hdf5.layout(verdict.headers, starts["hdf5"][0]))
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
         found["hdf5_create_s"] = seconds(lambda: hdf5.write(MPI.COMM_SELF, Path(scratch), headers, []))[0]
     return found
@@ -492,11 +504,17 @@ PARTS = [  # (key, heading, unit)
     ("group_layout_posix_s", "groups: a leader's posix layout and parts", "s"),
     ("group_layout_adios2_s", "groups: a leader's adios2 layout and parts", "s"),
     ("group_layout_hdf5_s", "groups: a leader's hdf5 layout and parts", "s"),
+    ("group_layout_posix_shared_s", "groups: a leader's posix layout, shared files", "s"),
     ("summaries_bytes", "groups: summaries rank 0 receives", "MB"),
     ("check_groups_s", "groups: check_groups on rank 0", "s"),
+    ("group_starts_adios2_s", "groups: adios2 group_starts on rank 0", "s"),
+    ("group_starts_hdf5_s", "groups: hdf5 group_starts on rank 0", "s"),
+    ("group_starts_posix_s", "groups: posix group_starts on rank 0", "s"),
+    ("group_starts_posix_shared_s", "groups: posix group_starts, shared files", "s"),
     ("headers_layout_s", "groups: rank 0 lays out the records", "s"),
     ("starts_bytes", "groups: rank 0 sends each leader", "MB"),
     ("group_part_bytes", "groups: the part another rank receives", "MB"),
+    ("group_part_shared_bytes", "groups: the part, posix shared files", "MB"),
     ("hdf5_create_s", "groups: hdf5's rank 0 creates data.h5", "s"),
     ("later_s", "later save: planning on a rank (digests)", "s"),
     ("later_bytes", "later save: bytes a rank receives", "MB"),
@@ -523,7 +541,8 @@ PARTS = [  # (key, heading, unit)
 ]
 
 
-GROUP_BYTES = ("group_plans_bytes", "summaries_bytes", "starts_bytes", "group_part_bytes")
+GROUP_BYTES = ("group_plans_bytes", "summaries_bytes", "starts_bytes", "group_part_bytes", "group_part_shared_bytes")
+LAID_OUT = ("adios2", "hdf5", "posix", "posix_shared")
 
 
 def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
@@ -535,8 +554,9 @@ def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
     groups of sqrt(P) ranks: 0.5)."""
     last, failed = grouped[-1], []
     most = max(last[key] for key in GROUP_BYTES)
-    leader = last["group_merge_s"] + max(last[f"group_layout_{name}_s"] for name in ("adios2", "hdf5", "posix"))
-    root = leader + last["check_groups_s"] + last["headers_layout_s"]  # rank 0 leads the first group too
+    leader = last["group_merge_s"] + max(last[f"group_layout_{name}_s"] for name in LAID_OUT)
+    starts = max(last[f"group_starts_{name}_s"] for name in LAID_OUT)
+    root = leader + last["check_groups_s"] + starts + last["headers_layout_s"]  # rank 0 leads the first group too
     print(f"bench_scale: first save in groups at {last['ranks']:,d} ranks x {last['leaves']} leaves (one a pack of Local "
           f"leaves): any rank receives at most {most / 1e6:.2f} MB; a leader plans for {leader:.3f} s, rank 0 for "
           f"{root:.3f} s, and hdf5's rank 0 creates data.h5 in {last['hdf5_create_s']:.3f} s")  # fmt: skip

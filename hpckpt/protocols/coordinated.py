@@ -426,7 +426,9 @@ def save_coordinated(
                 await_everyone(comm, f"save step {step}: write (before the collective I/O)")
             with io_deadline(comm, f"save step {step}: write", sum(data.array.nbytes for data in own_blocks)):
                 point("save.collective_io")
-                return backend.write(comm, temp, records, own_blocks, *annotations)
+                written = backend.write(comm, temp, records, own_blocks, *annotations)
+                point("save.written")
+                return written
         except Exception as exc:
             abort_from_collective_io(comm, f"save step {step}: write", exc)
             raise
@@ -584,7 +586,7 @@ def lay_out_in_groups(
             return None
         records, summary = merge_group(plans, group.start, comm.size)
         merged.append(records)
-        return summary, backend.group_extent(records)
+        return summary, backend.group_extent(records, group)
 
     summaries = timed("merge in groups", merge, gather_from_leaders)
 

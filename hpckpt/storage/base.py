@@ -134,10 +134,10 @@ class Backend:
         """
         raise NotImplementedError
 
-    def group_extent(self, records: Sequence[LeafRecord]) -> Any:
-        """What the blocks of a group's ``records`` (a leader's, merged from its ranks'
-        plans) take up, for the groups after it: small, sent to rank 0. Pure. Default:
-        None (no block's place depends on another group's)."""
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> Any:
+        """What the blocks of a group's ``records`` (a leader's, merged from the plans of
+        its ``ranks``) take up, for the groups after it: small, sent to rank 0. Pure.
+        Default: None (no block's place depends on another group's)."""
         return None
 
     def group_starts(self, extents: Sequence[Any]) -> list[Any]:

@@ -154,7 +154,7 @@ class ADIOS2Backend(Backend):
             )
         return tuple(placed)
 
-    def group_extent(self, records: Sequence[LeafRecord]) -> dict[str, int]:
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> dict[str, int]:
         """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
         return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == "local"}
 

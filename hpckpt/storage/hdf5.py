@@ -123,7 +123,7 @@ class HDF5Backend(Backend):
         hold parts of whole arrays: none is marked per rank."""
         return tuple(_placed(record, start) for record in records)
 
-    def group_extent(self, records: Sequence[LeafRecord]) -> dict[str, int]:
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> dict[str, int]:
         """Per Local leaf, the elements of the group's blocks."""
         return {record.path: sum(block.size for block in record.blocks) for record in records if record.kind == "local"}
 

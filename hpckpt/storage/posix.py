@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from fnmatch import fnmatchcase
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -64,6 +65,30 @@ def _world_size(records: Sequence[LeafRecord]) -> int:
     return max((block.rank for record in records for block in record.blocks), default=0) + 1
 
 
+class FileRun(NamedTuple):
+    """Where the segments of a group's ranks in one file end, from the first one's start."""
+
+    following: int  # where the next rank's segment would start
+    end: int | None  # the end of their last block (None: they hold none)
+    writer: int  # the rank of that block (-1: none)
+
+
+class PosixExtent(NamedTuple):
+    """A group's segments (:meth:`PosixBackend.group_extent`): in its first file, and in its last if another."""
+
+    ranks: range
+    head: FileRun
+    tail: FileRun | None
+
+
+class PosixStart(NamedTuple):
+    """Where a group's segments start (:meth:`PosixBackend.group_starts`)."""
+
+    ranks: range  # the group
+    segment: int  # the offset of its first rank's segment in its file
+    ends: dict[str, tuple[int, int]]  # of its first and last file: the offset of the end, and the rank writing it
+
+
 def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRecord, Block]]:
     """Every stored block with the rank that writes it, in manifest order."""
     for record in records:
@@ -75,6 +100,7 @@ class PosixBackend(Backend):
     """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module)."""
 
     name = "posix"
+    lays_out_in_groups = True  # a group's segments start after the earlier groups' in a shared file (group_starts)
     writes_in_place = True
 
     repairable_in_job = True
@@ -124,30 +150,18 @@ class PosixBackend(Backend):
         """The file that holds ``rank``'s segment."""
         return f"data-{rank // self.ranks_per_file:05d}.bin"
 
-    @property
-    def lays_out_in_groups(self) -> bool:  # type: ignore[override]  # a property of the instance here
-        """A file per rank: no rank's offsets depend on another's blocks."""
-        return self.ranks_per_file == 1
-
-    def layout(self, records: Sequence[LeafRecord], start: None = None) -> tuple[LeafRecord, ...]:
-        """Give every block a file and byte offset (the same on every rank)."""
-        relative: dict[tuple[str, int], int] = {}
-        segment_bytes: dict[int, int] = {}
-        for rank, record, block in _stored_blocks(records):
-            place = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
-            relative[(record.path, block.rank)] = place
-            segment_bytes[rank] = place + _stored_size(record, block)
-        world = _world_size(records)
-        first = min(segment_bytes, default=0)
-        segment_start: dict[int, int] = {}
-        for rank in range(first - first % self.ranks_per_file, world):  # records may hold a group's blocks only
-            first_in_file = rank - rank % self.ranks_per_file
-            if rank == first_in_file:
-                segment_start[rank] = 0
-            else:
-                previous_end = segment_start[rank - 1] + segment_bytes.get(rank - 1, 0)
-                segment_start[rank] = _round_up(previous_end, self.segment_alignment)
-        files = [self.file_of(rank) for rank in range(world)]
+    def layout(self, records: Sequence[LeafRecord], start: PosixStart | None = None) -> tuple[LeafRecord, ...]:
+        """Give every block a file and byte offset (the same on every rank). With a
+        group's ``start`` (:meth:`group_starts`), ``records`` hold the blocks of its
+        ranks only: its first rank's segment starts where ``start`` says, and the first
+        record gets an empty block at the end of each file the group shares with later
+        or earlier ranks whose last byte another group writes (so that each rank of the
+        file, whose part holds it, cuts a recycled file to the right size)."""
+        relative, segment_bytes = self._segments(records)
+        first = start.ranks.start if start is not None else 0
+        segment_start = self._segment_starts(range(first, _world_size(records)), segment_bytes,
+                                             start.segment if start is not None else 0)  # fmt: skip
+        files = {rank: self.file_of(rank) for rank in segment_start}
         placed = []
         for record in records:
             blocks = []
@@ -162,11 +176,82 @@ class PosixBackend(Backend):
                 LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks), record.location,
                            record.encoding)
             )
+        if start is not None and placed:
+            ends = tuple(Block(rank, (), (0,), "", {"file": name, "offset": end})
+                         for name, (end, rank) in start.ends.items() if rank not in start.ranks)  # fmt: skip
+            placed[0] = replace(placed[0], blocks=placed[0].blocks + ends)
         return tuple(placed)
 
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> PosixExtent:
+        """Where the segments of the group's ranks in its first file, and in its last if
+        another, end (relative to the first segment of the group's ranks there)."""
+        _, segment_bytes = self._segments(records)
+        runs = [range(first, min(ranks.stop, first - first % self.ranks_per_file + self.ranks_per_file))
+                for first in (ranks.start, max(ranks.start, (ranks.stop - 1) // self.ranks_per_file * self.ranks_per_file))]
+        head, tail = (self._file_run(run, segment_bytes) for run in runs)
+        return PosixExtent(ranks, head, tail if runs[1] != runs[0] else None)
+
+    def group_starts(self, extents: Sequence[PosixExtent]) -> list[PosixStart]:
+        """Each group's first segment (after the earlier groups' in a shared file) and the
+        end of its first and last file, with the rank that writes their last byte."""
+        ends: dict[str, tuple[int, int]] = {}
+        segments, following = [], 0
+        for extent in extents:
+            first = extent.ranks.start
+            segment = following if first % self.ranks_per_file else 0
+            segments.append(segment)
+            if extent.head.end is not None:
+                ends[self.file_of(first)] = (segment + extent.head.end, extent.head.writer)
+            following = segment + extent.head.following
+            if extent.tail is not None:
+                following = extent.tail.following
+                if extent.tail.end is not None:
+                    ends[self.file_of(extent.ranks.stop - 1)] = (extent.tail.end, extent.tail.writer)
+        starts = []
+        for extent, segment in zip(extents, segments):
+            files = dict.fromkeys((self.file_of(extent.ranks.start), self.file_of(extent.ranks.stop - 1)))
+            starts.append(PosixStart(extent.ranks, segment, {name: ends[name] for name in files if name in ends}))
+        return starts
+
+    def _segments(self, records: Sequence[LeafRecord]) -> tuple[dict[tuple[str, int], int], dict[int, int]]:
+        """Each block's offset in its rank's segment, by (path, rank), and where each
+        rank's segment's last block ends."""
+        relative: dict[tuple[str, int], int] = {}
+        segment_bytes: dict[int, int] = {}
+        for rank, record, block in _stored_blocks(records):
+            place = _round_up(segment_bytes.get(rank, 0), self.block_alignment)
+            relative[(record.path, block.rank)] = place
+            segment_bytes[rank] = place + _stored_size(record, block)
+        return relative, segment_bytes
+
+    def _segment_starts(self, ranks: range, segment_bytes: Mapping[int, int], first: int) -> dict[int, int]:
+        """Where the segment of each of ``ranks`` starts in its file, the first one's at
+        ``first`` (0 if it starts a file)."""
+        starts: dict[int, int] = {}
+        for rank in ranks:
+            if rank % self.ranks_per_file == 0:
+                starts[rank] = 0
+            elif rank == ranks.start:
+                starts[rank] = first
+            else:
+                starts[rank] = _round_up(starts[rank - 1] + segment_bytes.get(rank - 1, 0), self.segment_alignment)
+        return starts
+
+    def _file_run(self, ranks: range, segment_bytes: Mapping[int, int]) -> FileRun:
+        """Where the segments of ``ranks`` (consecutive, in one file) end, counted from
+        the first one's start."""
+        following, end, writer = 0, None, -1
+        for rank in ranks:
+            start = following
+            if rank in segment_bytes:
+                end, writer = start + segment_bytes[rank], rank
+            following = _round_up(start + segment_bytes.get(rank, 0), self.segment_alignment)
+        return FileRun(following, end, writer)
+
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
-        """Each rank's records hold the blocks of every rank of its file: it truncates a
-        recycled file to the end of the last of them."""
+        """Each rank's records hold the blocks of every rank of its file (of its group's,
+        and the end of the file, when laid out in groups): it truncates a recycled file
+        to the end of the last of them."""
         return records_by_rank(records, ranks, lambda rank: rank // self.ranks_per_file)
 
     def write(

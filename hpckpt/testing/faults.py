@@ -19,7 +19,9 @@ variable's value changes. Points: ``save.plan``, ``save.merge`` (every rank, bef
 a group's leader merges its group's plans, in a first save laid out in groups),
 ``save.write``, ``save.collective_io``
 (inside the write's deadline, after every rank arrived where the backend writes
-collectively, just before the library's write), ``save.sync``, ``save.shard``
+collectively, just before the library's write), ``save.written`` (this rank's write
+returned, its bytes not yet durable, before the write phase's agreement),
+``save.sync``, ``save.shard``
 (every rank, before a group's leader writes its shard of a sharded manifest),
 ``save.commit``; inside rank 0's commit ``commit.manifest`` (the data durable, before the
 manifest is written), ``commit.fsync`` (manifest written, before the directory's

@@ -6,12 +6,16 @@ damaged shard must make the step fall back like a damaged manifest."""
 
 import json
 import os
+import time
 import warnings
+from functools import partial
 
+import numpy as np
 import pytest
 
 import hpckpt
 from hpckpt._comm import arrival_group
+from hpckpt._hooks import install_point_hook
 from hpckpt.catalog import CheckpointReader
 
 from .test_conformance import assert_same, make_state
@@ -43,8 +47,7 @@ def save_two_steps(world, run_dir, backend) -> list[tuple[bool, bool]]:
 def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(world, mpi_tmp_path, backend, monkeypatch):
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
     gathered = save_two_steps(world, mpi_tmp_path / "sharded", backend)
-    in_groups = "ranks_per_file" not in str(backend)
-    assert gathered[0] == (True, in_groups)  # posix files shared by several ranks are laid out on rank 0
+    assert gathered[0] == (True, True)  # posix files of 3 ranks too, spanning the groups of 2
     assert gathered[1][0] == ("compression" in backend.get("backend_options", {}))  # a layout reused, too
     monkeypatch.delenv("HPCKPT_MANIFEST_SHARD_RANKS")
     save_two_steps(world, mpi_tmp_path / "whole", backend)
@@ -101,3 +104,65 @@ def test_a_damaged_shard_or_data_file_makes_the_step_fall_back(world, mpi_tmp_pa
     problem = {"changed": f"shard {last.name} does not match the checksum", "missing": f"shard {last.name} cannot be read",
                "truncated": f"{data} has "}[how]  # fmt: skip
     assert problem in messages[0], messages[0]
+
+
+@pytest.mark.mpi(min_size=3)
+def test_posix_files_shared_across_groups_are_written_in_place_and_cut_to_size(world, mpi_tmp_path, sharded):
+    """Files of one rank more than a group (3 ranks, groups of 2): a file's last byte is
+    written by another group than its first ranks'. keep=1: each save writes into the
+    files of the step retention deleted (a hard link to step 1's file sees step 3's
+    bytes); a state that shrinks leaves every file ending where its last block does, and
+    every step restores exactly. The first group's ranks write (and cut the recycled
+    file) only after the file's last rank has written its bytes, in every save: cut to
+    the end of their own group's blocks, the file would lose that rank's."""
+    ranks_per_file = len(arrival_group(0, world.size)) + 1
+    options = {"backend": "posix", "backend_options": {"ranks_per_file": ranks_per_file, "segment_alignment": 4096}}
+    run_dir = mpi_tmp_path / "shared-recycled"
+    main = f"data-{world.rank // ranks_per_file:05d}.bin"
+    link = mpi_tmp_path / f"link-{world.rank}"
+    first_group = arrival_group(0, world.size)  # ranks 0 .. ranks_per_file - 2 of file 0
+    install_point_hook(partial(last_writer_first, world.rank, ranks_per_file - 1, first_group, mpi_tmp_path, [0]))
+    try:
+        save_shrinking_states(world, run_dir, options, main, link)
+    finally:
+        install_point_hook(None)
+
+
+def last_writer_first(rank: int, last: int, waiting: range, directory, saves: list[int], name: str) -> None:
+    """A point hook: rank ``last`` marks each save it has written (a file per save), and
+    the ranks of ``waiting`` wait for that mark before their write."""
+    if name == "save.plan":
+        saves[0] += 1
+    flag = directory / f"written-{saves[0]}"
+    if name == "save.written" and rank == last:
+        flag.touch()
+    if name == "save.collective_io" and rank in waiting:
+        deadline = time.monotonic() + 30
+        while not flag.exists():
+            assert time.monotonic() < deadline, f"rank {last} never wrote save {saves[0]}"
+            time.sleep(0.005)
+
+
+def save_shrinking_states(world, run_dir, options, main, link) -> None:
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=1, **options) as checkpointer:
+        for step, rows in enumerate((64, 64, 64, 8, 8, 8), start=1):
+            data = np.full((rows + world.rank, 5), float(step + world.rank))
+            checkpointer.save(step, {"x": hpckpt.Local(data)})
+            assert checkpointer.last_save.merged_in_groups == (step in (1, 4))  # a new layout; then reused
+            path = checkpointer.run_dir.step_path(step) / main
+            if step == 1:
+                os.link(path, link)
+            if step == 3:
+                assert os.stat(link).st_ino == os.stat(path).st_ino  # step 1's file, written again
+            target = {"x": hpckpt.Local(np.zeros((rows + world.rank, 5)))}
+            assert checkpointer.restore(target) == step
+            assert target["x"].array.tobytes() == data.tobytes()
+            world.Barrier()
+            if world.rank == 0:
+                ends: dict = {}
+                for record in CheckpointReader(run_dir).manifest(step).leaves:  # "x" is packed
+                    for block in record.blocks:
+                        name = block.location["file"]
+                        ends[name] = max(ends.get(name, 0), block.location["offset"] + block.size * record.itemsize)
+                sizes = {name: (run_dir / f"step-{step:08d}" / name).stat().st_size for name in ends}
+                assert sizes == ends, step

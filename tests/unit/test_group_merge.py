@@ -55,15 +55,15 @@ def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
     assert verdict.headers == tuple(replace(record, blocks=()) for record in whole)
     assert verdict.nbytes == sum(record.nbytes for record in whole)
     # Local "part" holds rank % 3 elements: ranks 1, 2 | 4, 5, 7 | 8 hold bytes; every rank's pack does (16 bytes)
-    adios2_starts = ADIOS2Backend().group_starts([ADIOS2Backend().group_extent(records) for records, _ in pieces])
+    adios2_starts = ADIOS2Backend().group_starts([ADIOS2Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)])
     assert adios2_starts == [{"part": 0, PACK_PATH: 0}, {"part": 2, PACK_PATH: 4}, {"part": 5, PACK_PATH: 8}]
-    hdf5_starts = HDF5Backend().group_starts([HDF5Backend().group_extent(records) for records, _ in pieces])
+    hdf5_starts = HDF5Backend().group_starts([HDF5Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)])
     assert hdf5_starts == [{"part": (0, 9), PACK_PATH: (0, 160)}, {"part": (3, 9), PACK_PATH: (64, 160)},
                            {"part": (7, 9), PACK_PATH: (128, 160)}]  # fmt: skip
     for backend in (PosixBackend(), ADIOS2Backend(), HDF5Backend()):
         laid_out = backend.layout(whole)
         expected = backend.parts(laid_out, range(RANKS))
-        starts = backend.group_starts([backend.group_extent(records) for records, _ in pieces])
+        starts = backend.group_starts([backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)])
         for (records, _), group, start in zip(pieces, GROUPS, starts):
             placed = backend.layout(records, start)
             assert backend.parts(placed, group) == expected[group.start : group.stop], (backend.name, group)
@@ -99,3 +99,40 @@ def test_boxes_tiling_across_groups_in_any_order_pass():
     order = [9, 3, 0, 7, 1, 5, 2, 8, 4, 6]  # rank r holds the box of order[r]
     verdict = merged_in_groups(boxes_plans([(starts[i], lengths[i]) for i in order]))[1]
     assert verdict is not None and verdict.nbytes == 12 * 8
+
+
+@pytest.mark.parametrize("ranks_per_file", [1, 3, 4, 6, 16])
+@pytest.mark.parametrize("empty", [(), (4, 5, 6, 7), (8, 9), (3, 8, 9)])
+def test_posix_files_shared_across_groups_get_the_offsets_and_ends_of_a_whole_layout(ranks_per_file, empty):
+    """A file of 3, 4, 6 or 16 ranks spans the groups of 4, 4 and 2 ranks, some of whose
+    ranks hold no bytes: each block goes where the layout of every rank puts it, and each
+    rank's part ends its file where that layout does (a recycled file is cut there)."""
+    lengths = [0 if rank in empty else 100 * (rank % 3 + 1) for rank in range(RANKS)]
+    starts = [sum(lengths[:rank]) for rank in range(RANKS)]
+    plans = [RankPlan((LeafPlan("u", "distributed", "<f8", (lengths[rank],), (starts[rank],), (sum(lengths),), "u"),
+                       LeafPlan("part", "local", "<i4", (0 if rank in empty else rank + 1,), (), None, "p"),
+                       LeafPlan("table", "replicated", "<f4", (16,), (), None, "t", chunk_checksums=("t",))), {})
+             for rank in range(RANKS)]  # fmt: skip
+    backend = PosixBackend(ranks_per_file=ranks_per_file, segment_alignment=4096)
+    whole = backend.layout(merge_plans(plans)[0])
+    pieces, _ = merged_in_groups(plans)
+    starts = backend.group_starts([backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)])
+    whole_ends = _ends(whole)
+    outside = 0  # the ends of files whose last byte another group writes
+    for (records, _), group, start in zip(pieces, GROUPS, starts):
+        placed = backend.layout(records, start)
+        outside += sum(1 for record in placed for block in record.blocks if block.rank not in group)
+        for rank, part in zip(group, backend.parts(placed, group)):
+            own = [(record.path, block) for record in part for block in record.blocks if block.rank == rank]
+            assert own == [(record.path, block) for record in whole for block in record.blocks if block.rank == rank]
+            assert _ends(part) == {backend.file_of(rank): whole_ends[backend.file_of(rank)]}, (rank, start)
+    assert (outside > 0) == (ranks_per_file in (3, 6, 16))  # files of 1 or 4 ranks never span two groups
+
+
+def _ends(records):
+    ends = {}
+    for record in records:
+        for block in record.blocks:
+            end = block.location["offset"] + block.size * record.itemsize
+            ends[block.location["file"]] = max(ends.get(block.location["file"], 0), end)
+    return ends
