@@ -252,13 +252,16 @@ class HDF5Backend(Backend):
                     record, block = request.record, request.block
                     name = _dataset_name(record, block)
                     per_rank = _per_rank(record, block)
-                    expected = block.shape if per_rank else _dataset_shape(record)
                     dataset_id = _open(h5, name)
+                    if per_rank:
+                        expected, offset, out = block.shape, (0,) * len(block.shape), request.array
+                    elif record.kind == "local":  # its elements, flattened, among every rank's
+                        expected = _local_extent(dataset_id, f"{path}:{name}", block)
+                        offset, out = (block.location[START],), request.array.reshape(-1)
+                    else:
+                        expected, offset, out = record.whole_shape, block.offset, request.array
                     dataset_offset = _check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype),
                                                     file_size)  # fmt: skip
-                    offset, out = (0,) * len(expected) if per_rank else block.offset, request.array
-                    if record.kind == "local" and not per_rank:  # its elements, flattened, among every rank's
-                        offset, out = (block.location[START],), out.reshape(-1)
                     if dataset_offset is None:
                         _read_box(dataset_id, offset, out)
                         if landed is not None:
@@ -351,9 +354,21 @@ def _partial(record: LeafRecord) -> bool:
     return record.kind == "distributed" and covered < math.prod(record.whole_shape)
 
 
+def _local_extent(dataset_id: Any, name: str, block: Block) -> tuple[int, ...]:
+    """The shape of a Local leaf's dataset that holds ``block`` from its ``"start"``:
+    KeyError, saying what differs, unless it is 1-D and holds the block's elements. (Its
+    length is the step's that wrote it: an incremental step's leaf may hold its own
+    blocks and reuse others from an earlier step's dataset of another length.)"""
+    start = block.location[START]
+    if len(dataset_id.shape) != 1 or not 0 <= start <= start + block.size <= dataset_id.shape[0]:
+        raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected a 1-D dataset holding elements "
+                       f"{start} to {start + block.size} (rank {block.rank}'s block)")  # fmt: skip
+    return tuple(dataset_id.shape)
+
+
 def _dataset_shape(record: LeafRecord) -> tuple[int, ...]:
-    """The shape of the dataset of a laid-out ``record`` that is not :func:`_in_groups`:
-    a Local leaf's every element, or the global array."""
+    """The shape of the dataset a file of laid-out ``record`` holds when it is not
+    :func:`_in_groups`: a Local leaf's every element, or the global array."""
     return (int(record.location[ELEMENTS]),) if record.kind == "local" else record.whole_shape
 
 

@@ -14,6 +14,7 @@ import pytest
 import hpckpt
 from hpckpt.catalog import CheckpointReader
 from hpckpt.errors import CheckpointFallbackWarning, CollectiveError, CorruptCheckpointError
+from hpckpt.model.manifest import PACK_PATH
 
 from .test_conformance import assert_same, make_state
 
@@ -41,6 +42,7 @@ def test_only_changed_blocks_are_written_and_restore_composes(comm, run_dir, bac
         checkpointer.save(1, state)
         if comm.rank == 0:
             state["field"].array[0, 0] += 1.0  # rank 0's block of one distributed leaf
+            state["flags"].array[0] = not state["flags"].array[0]  # and of its pack of Local leaves
         state["weights"].array[1, 2] = 7.0  # a replicated leaf
         state["step_info"]["iteration"] = 99
         checkpointer.save(2, state)
@@ -49,7 +51,7 @@ def test_only_changed_blocks_are_written_and_restore_composes(comm, run_dir, bac
         assert checkpointer.restore(fresh) == 2
     assert_same(state, fresh)
     where = homes(run_dir, 2)
-    changed = {("field", 0), ("weights", 0)}
+    changed = {("field", 0), ("weights", 0), (PACK_PATH, 0)}
     assert {key for key, home in where.items() if home == 2} == changed
     assert all(home == 1 for key, home in where.items() if key not in changed)
     assert written < checkpointer.last_save.local_bytes or comm.rank != 0

@@ -119,3 +119,16 @@ def test_a_local_leaf_stored_as_a_dataset_per_rank_before_2026_12_03_still_reads
         out = np.empty(block.shape, dtype="<i8")
         open_backend("hdf5").read(tmp_path, [BlockData(old, block, out)])
         assert np.array_equal(out, array), block.rank
+
+
+def test_a_local_block_outside_its_leafs_dataset_is_refused_naming_it(tmp_path: Path) -> None:
+    from mpi4py import MPI
+
+    backend = open_backend("hdf5")
+    placed = backend.layout([_local_record([(3,), (2,)])])[0]
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, block, np.zeros(block.shape, dtype="<i8"))
+                                                     for block in placed.blocks])  # fmt: skip
+    past = Block(1, (), (4,), "0", {"start": 3})  # a damaged manifest: rank 1's block would end at element 7 of 5
+    with pytest.raises(KeyError, match=r"data\.h5:/rng has shape \(5,\), expected a 1-D dataset holding elements 3 "
+                                       r"to 7 \(rank 1's block\)"):  # fmt: skip
+        backend.read(tmp_path, [BlockData(placed, past, np.empty(4, dtype="<i8"))])
