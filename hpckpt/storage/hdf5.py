@@ -14,7 +14,7 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
   rank 0 spent 21 s creating them);
 - the blocks of a partial array (an incremental step's changed blocks) are datasets of
   their own in the group ``/a/b``, ``rank-00003``;
-- every dataset (or local group) has the attribute ``hpckpt_kind``.
+- every dataset (or a partial array's group) has the attribute ``hpckpt_kind``.
 
 A ``data.h5`` already in the step directory (recycled by retention from the deleted
 step) whose datasets are exactly those of the new step (same paths, shapes, dtypes,
@@ -68,8 +68,8 @@ def _h5py() -> Any:
     return h5py
 
 
-def local_block_name(rank: int) -> str:
-    """Name of ``rank``'s dataset inside a local leaf's group."""
+def rank_dataset_name(rank: int) -> str:
+    """Name of ``rank``'s dataset inside a partial array's group (or, before 2026-12-03, a Local leaf's)."""
     return f"rank-{rank:05d}"
 
 
@@ -144,10 +144,10 @@ class HDF5Backend(Backend):
         every dataset with serial HDF5, contiguous and allocated at once (or reuses a
         recycled file of the same layout), broadcasts the file offsets of the leaves'
         datasets and sends each rank those of its own datasets (a partial array's
-        blocks); each rank then writes the C-order runs
-        of its blocks at those offsets (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and
-        no GIL in the data path, so a save in a background thread cannot deadlock with
-        the application's MPI calls.
+        blocks); each rank then writes the C-order runs of its blocks at those offsets
+        (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and no GIL in the
+        data path, so a save in a background thread cannot deadlock with the
+        application's MPI calls.
         """
         path = directory / FILE_NAME
         failure: str | None = None
@@ -225,7 +225,7 @@ class HDF5Backend(Backend):
             group = h5.create_group(record.path)
             group.attrs["hpckpt_kind"] = record.kind
             return {
-                _dataset_name(record, block): _new_dataset(group.id, local_block_name(block.rank), block.shape, dtype)
+                _dataset_name(record, block): _new_dataset(group.id, rank_dataset_name(block.rank), block.shape, dtype)
                 for block in _stored_blocks(record)
             }
         dataset_id = _new_dataset(h5.id, record.path, _dataset_shape(record), dtype)
@@ -454,7 +454,7 @@ def _dataset_name(record: LeafRecord, block: Block) -> str:
     """The dataset that holds ``block`` of laid-out ``record``: the leaf's, or the block's
     own inside the leaf's group (:func:`_per_rank`)."""
     base = record.location["dataset"]
-    return f"{base}/{local_block_name(block.rank)}" if _per_rank(record, block) else base
+    return f"{base}/{rank_dataset_name(block.rank)}" if _per_rank(record, block) else base
 
 
 def _open(h5: Any, name: str) -> Any:
