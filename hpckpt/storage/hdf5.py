@@ -12,9 +12,11 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
   the dataset's length (``"elements"``). (Before 2026-12-03 it was the group ``/a/b``
   with a dataset per rank, ``rank-00003``, which hpckpt still reads: at 100,000 ranks,
   rank 0 spent 21 s creating them);
-- the blocks of a partial array (an incremental step's changed blocks) are datasets of
-  their own in the group ``/a/b``, ``rank-00003``;
-- every dataset (or a partial array's group) has the attribute ``hpckpt_kind``.
+- a partial array (an incremental step's changed blocks, one rank's own checkpoint) is
+  concatenated the same way: the 1-D dataset ``/a/b`` holds its blocks one after the
+  other, each flattened in C order, from the element ``"start"`` (until 2026-12-03 a
+  dataset per block, ``/a/b/rank-00003``, which hpckpt still reads);
+- every dataset has the attribute ``hpckpt_kind``.
 
 A ``data.h5`` already in the step directory (recycled by retention from the deleted
 step) whose datasets are exactly those of the new step (same paths, shapes, dtypes,
@@ -117,10 +119,11 @@ class HDF5Backend(Backend):
         self.direct_io = bool(direct_io)
 
     def layout(self, records: Sequence[LeafRecord], start: Mapping[str, tuple[int, int]] | None = None) -> tuple[LeafRecord, ...]:
-        """Each leaf lives in ``data.h5`` at the dataset of its path; a Local block at its
-        first element there (after the ``start`` of a group's: per Local leaf, the
-        elements of the earlier groups' blocks and of every rank's). A group's records
-        hold parts of whole arrays: none is marked per rank."""
+        """Each leaf lives in ``data.h5`` at the dataset of its path; a block of a Local
+        leaf or of a partial array at its first element there (after the ``start`` of a
+        group's: per Local leaf, the elements of the earlier groups' blocks and of every
+        rank's). A group's records hold parts of whole arrays, never partial ones (a
+        delta is merged whole on rank 0)."""
         return tuple(_placed(record, start) for record in records)
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> dict[str, int]:
@@ -152,27 +155,23 @@ class HDF5Backend(Backend):
         path = directory / FILE_NAME
         failure: str | None = None
         error: Exception | None = None
-        whole: dict[str, int | None] = {}  # rank 0's: the whole arrays' datasets
-        shares: list[dict[str, int | None]] | None = None  # rank 0's: each rank's own datasets
+        offsets: dict[str, int | None] = {}  # each leaf's dataset's, by name
         if comm.rank == 0:
-            shares = [{}] * comm.size
             try:
                 offsets = self._lay_out_file(path, records, annotations)
-                whole, shares = _whole_offsets(records, offsets), _offsets_by_rank(records, offsets, comm.size)
             except Exception as exc:  # noqa: BLE001 - sent to every rank, raised below
                 failure, error = f"{type(exc).__name__}: {exc}", exc
         # The others wait for rank 0's layout sleeping, not inside the broadcast: MPICH
         # busy-polls there, which took a core from the application's compute while a
         # non-blocking save waited for the layout.
         await_everyone(comm, f"hdf5 layout of {path}")
-        whole, failure = comm.bcast((whole, failure), root=0)
-        offsets = {**whole, **comm.scatter(shares, root=0)}
+        offsets, failure = comm.bcast((offsets, failure), root=0)
         if error is not None:
             raise error
         if failure is not None:
             raise OSError(f"rank 0 could not lay out {path}: {failure}")
         pieces = [piece for data in blocks if data.block.size
-                  for piece in _file_pieces(data, offsets[_dataset_name(data.record, data.block)])]  # fmt: skip
+                  for piece in _file_pieces(data, offsets[data.record.location["dataset"]])]  # fmt: skip
         direct.write_pieces(path, pieces, self.direct_io)
         return [FILE_NAME]
 
@@ -192,9 +191,7 @@ class HDF5Backend(Backend):
             options = {"alignment_threshold": direct.DIRECT_MIN, "alignment_interval": direct.ALIGNMENT}
         with self._h5py.File(path, "w", **options) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
-            created: dict[str, Any] = {}
-            for record in records:
-                created.update(self._create(h5, record))
+            created = {record.location["dataset"]: self._create(h5, record) for record in records}
             _attach_dimension_scales(h5, records, annotations.dims)
             _set_value_attributes(h5, annotations.values)
             h5.attrs[LAYOUT_ATTRIBUTE] = digest  # a recycled copy of the file may be written in place
@@ -214,23 +211,15 @@ class HDF5Backend(Backend):
                 if h5.attrs.get(LAYOUT_ATTRIBUTE) != digest:
                     return None
                 _set_value_attributes(h5, values)
-                return {name: _open(h5, name).get_offset() for name in _expected_datasets(records)}
+                return {record.location["dataset"]: _open(h5, record.location["dataset"]).get_offset() for record in records}
         except (OSError, KeyError):  # not HDF5, or damaged: created anew
             return None
 
-    def _create(self, h5: Any, record: LeafRecord) -> dict[str, Any]:
-        """Create the dataset of ``record`` (a group of one per rank if partial); their ids by name."""
-        dtype = np.dtype(record.dtype)
-        if _in_groups(record):
-            group = h5.create_group(record.path)
-            group.attrs["hpckpt_kind"] = record.kind
-            return {
-                _dataset_name(record, block): _new_dataset(group.id, rank_dataset_name(block.rank), block.shape, dtype)
-                for block in _stored_blocks(record)
-            }
-        dataset_id = _new_dataset(h5.id, record.path, _dataset_shape(record), dtype)
+    def _create(self, h5: Any, record: LeafRecord) -> Any:
+        """Create the dataset of laid-out ``record``; its id."""
+        dataset_id = _new_dataset(h5.id, record.path, _dataset_shape(record), np.dtype(record.dtype))
         self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
-        return {record.location["dataset"]: dataset_id}
+        return dataset_id
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` from ``data.h5``, reporting its bytes to ``landed`` as
@@ -255,8 +244,8 @@ class HDF5Backend(Backend):
                     dataset_id = _open(h5, name)
                     if per_rank:
                         expected, offset, out = block.shape, (0,) * len(block.shape), request.array
-                    elif record.kind == "local":  # its elements, flattened, among every rank's
-                        expected = _local_extent(dataset_id, f"{path}:{name}", block)
+                    elif START in block.location:  # its elements, flattened, among the leaf's other blocks
+                        expected = _concatenated_extent(dataset_id, f"{path}:{name}", block)
                         offset, out = (block.location[START],), request.array.reshape(-1)
                     else:
                         expected, offset, out = record.whole_shape, block.offset, request.array
@@ -306,12 +295,13 @@ def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np
 
 
 def _placed(record: LeafRecord, start: Mapping[str, tuple[int, int]] | None) -> LeafRecord:
-    """``record`` laid out (:meth:`HDF5Backend.layout`). Direct construction:
-    dataclasses.replace costs 5 us a call, 10,000s per save."""
+    """``record`` laid out (:meth:`HDF5Backend.layout`): a Local leaf's blocks, and those
+    of a partial array laid out whole, concatenated (:func:`_concatenated`). Direct
+    construction: dataclasses.replace costs 5 us a call, 10,000s per save."""
     location: dict[str, Any] = {"file": FILE_NAME, "dataset": f"/{record.path}"}
-    if record.kind != "local":
-        blocks = record.blocks if start is not None else _marked_blocks(record)
-        return LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, location, record.encoding)
+    if record.kind != "local" and (start is not None or not _partial(record)):
+        return LeafRecord(record.path, record.kind, record.dtype, record.global_shape, record.blocks, location,
+                          record.encoding)  # fmt: skip
     first, location[ELEMENTS] = start[record.path] if start is not None else (0, sum(b.size for b in record.blocks))
     placed = []
     for b in record.blocks:
@@ -320,42 +310,29 @@ def _placed(record: LeafRecord, start: Mapping[str, tuple[int, int]] | None) -> 
     return LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(placed), location, record.encoding)
 
 
-def _marked_blocks(record: LeafRecord) -> tuple[Block, ...]:
-    """``record``'s blocks; those of a partial distributed array (an incremental step's
-    changed blocks, one rank's own checkpoint) marked ``"per_rank"``: each is a dataset of
-    its own, and the file holds no whole array."""
-    if not _partial(record):
-        return record.blocks
-    return tuple(Block(b.rank, b.offset, b.shape, b.checksum, {**b.location, PER_RANK: True}, b.members)
-                 for b in record.blocks)  # fmt: skip
-
-
-def _in_groups(record: LeafRecord) -> bool:
-    """Whether a laid-out ``record`` is written as a group of one dataset per rank: a
-    distributed leaf whose blocks the layout marked (a partial array), or that has none
-    of a non-empty array. Rank 0 may hold only its own blocks of a whole array (laid out
-    in groups), so the blocks' coverage cannot tell."""
-    if record.kind != "distributed":
-        return False
-    if not record.blocks:
-        return math.prod(record.whole_shape) > 0
-    return any(block.location.get(PER_RANK) for block in record.blocks)
-
-
 def _per_rank(record: LeafRecord, block: Block) -> bool:
-    """Whether ``block`` is stored as a dataset of its own: a partial array's, or a Local
-    block of a file written before Local leaves were one dataset (no ``"start"``)."""
+    """Whether ``block`` is a dataset of its own, ``rank-NNNNN`` in the leaf's group (files
+    written before 2026-12-03: a partial array's block, marked ``"per_rank"``, or a Local
+    block without ``"start"``)."""
     return bool(block.location.get(PER_RANK)) or (record.kind == "local" and START not in block.location)
 
 
 def _partial(record: LeafRecord) -> bool:
-    """True for a distributed leaf whose blocks do not cover its global array."""
+    """True for a distributed leaf whose blocks do not cover its global array (an
+    incremental step's changed blocks, one rank's own checkpoint)."""
     covered = sum(block.size for block in record.blocks)
     return record.kind == "distributed" and covered < math.prod(record.whole_shape)
 
 
-def _local_extent(dataset_id: Any, name: str, block: Block) -> tuple[int, ...]:
-    """The shape of a Local leaf's dataset that holds ``block`` from its ``"start"``:
+def _concatenated(record: LeafRecord) -> bool:
+    """Whether laid-out ``record``'s dataset holds its blocks one after the other, each
+    flattened, from the element its ``"start"`` gives: a Local leaf's, or a partial
+    array's (its location says how many elements: ``"elements"``)."""
+    return ELEMENTS in record.location
+
+
+def _concatenated_extent(dataset_id: Any, name: str, block: Block) -> tuple[int, ...]:
+    """The shape of the concatenation that holds ``block`` from its ``"start"``:
     KeyError, saying what differs, unless it is 1-D and holds the block's elements. (Its
     length is the step's that wrote it: an incremental step's leaf may hold its own
     blocks and reuse others from an earlier step's dataset of another length.)"""
@@ -367,31 +344,14 @@ def _local_extent(dataset_id: Any, name: str, block: Block) -> tuple[int, ...]:
 
 
 def _dataset_shape(record: LeafRecord) -> tuple[int, ...]:
-    """The shape of the dataset a file of laid-out ``record`` holds when it is not
-    :func:`_in_groups`: a Local leaf's every element, or the global array."""
-    return (int(record.location[ELEMENTS]),) if record.kind == "local" else record.whole_shape
-
-
-def _stored_blocks(record: LeafRecord) -> Sequence[Block]:
-    """The blocks of a partial array that have a dataset: the non-empty ones."""
-    return [block for block in record.blocks if block.size]
-
-
-def _expected_datasets(records: Sequence[LeafRecord]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Each dataset a file of ``records`` holds, by name, with its shape and dtype."""
-    expected = {}
-    for record in records:
-        dtype = np.dtype(record.dtype)
-        if _in_groups(record):
-            expected.update({_dataset_name(record, b): (tuple(b.shape), dtype) for b in _stored_blocks(record)})
-        else:
-            expected[record.location["dataset"]] = (_dataset_shape(record), dtype)
-    return expected
+    """The shape of laid-out ``record``'s dataset: its concatenated elements, or the global array."""
+    return (int(record.location[ELEMENTS]),) if _concatenated(record) else record.whole_shape
 
 
 def _layout_digest(records: Sequence[LeafRecord], dims: Mapping[str, tuple[str, ...]]) -> str:
     """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds, and of their axis names."""
-    listing = sorted((name, list(shape), dtype.str) for name, (shape, dtype) in _expected_datasets(records).items())
+    listing = sorted((record.location["dataset"], list(_dataset_shape(record)), np.dtype(record.dtype).str)
+                     for record in records)  # fmt: skip
     named = sorted((path, list(names)) for path, names in dims.items())
     return hashlib.sha256(json.dumps([listing, named]).encode()).hexdigest()
 
@@ -401,7 +361,7 @@ def _attach_dimension_scales(h5: Any, records: Sequence[LeafRecord], dims: Mappi
     name at the file's root (netCDF-4's dimensions, which h5netcdf and xarray show),
     attached to the datasets. ValueError for a name given two lengths, or taken by a leaf."""
     lengths: dict[str, tuple[int, str]] = {}
-    named = [record for record in records if dims.get(record.path) and record.kind != "local" and not _in_groups(record)]
+    named = [record for record in records if dims.get(record.path) and not _concatenated(record)]
     for record in named:
         for name, length in zip(dims[record.path], record.whole_shape):
             first = lengths.setdefault(name, (length, record.path))
@@ -429,25 +389,6 @@ def _set_value_attributes(h5: Any, values: Mapping[str, Any]) -> None:
         if path.startswith("hpckpt") or value is None or (isinstance(value, int) and not -(2**63) <= value < 2**63):
             continue
         h5.attrs[path] = value
-
-
-def _whole_offsets(records: Sequence[LeafRecord], offsets: dict[str, int | None]) -> dict[str, int | None]:
-    """The file offsets of the leaves' own datasets (every rank may write into them)."""
-    return {record.location["dataset"]: offsets[record.location["dataset"]] for record in records if not _in_groups(record)}
-
-
-def _offsets_by_rank(records: Sequence[LeafRecord], offsets: dict[str, int | None], size: int) -> list[dict[str, int | None]]:
-    """For each rank of ``size``, the file offsets of its own datasets (its blocks of
-    partial arrays; all of them when one process writes every block)."""
-    if size == 1:
-        return [offsets]
-    shares: list[dict[str, int | None]] = [{} for _ in range(size)]
-    for record in records:
-        if _in_groups(record):
-            for block in _stored_blocks(record):
-                name = _dataset_name(record, block)
-                shares[block.rank][name] = offsets[name]
-    return shares
 
 
 def _dataset_name(record: LeafRecord, block: Block) -> str:
@@ -515,12 +456,10 @@ def _file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int,
     ``dataset_offset``: (file offset, bytes) of each contiguous run."""
     record, block = data.record, data.block
     if dataset_offset is None:
-        raise OSError(f"dataset {_dataset_name(record, block)} has no contiguous storage to write into")
+        raise OSError(f"dataset {record.location['dataset']} has no contiguous storage to write into")
     itemsize = np.dtype(record.dtype).itemsize
     raw = data.array.reshape(-1).view(np.uint8).data
-    if _per_rank(record, block):
-        return [(dataset_offset, raw)]
-    if record.kind == "local":
+    if START in block.location:
         return [(dataset_offset + block.location[START] * itemsize, raw)]
     starts, run = file_runs(record.whole_shape, block.offset, block.shape)
     run_bytes = run * itemsize

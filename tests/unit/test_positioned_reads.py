@@ -5,6 +5,7 @@ Real files and real h5py, one process (COMM_SELF)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +133,32 @@ def test_a_local_block_outside_its_leafs_dataset_is_refused_naming_it(tmp_path: 
     with pytest.raises(KeyError, match=r"data\.h5:/rng has shape \(5,\), expected a 1-D dataset holding elements 3 "
                                        r"to 7 \(rank 1's block\)"):  # fmt: skip
         backend.read(tmp_path, [BlockData(placed, past, np.empty(4, dtype="<i8"))])
+
+
+def test_a_partial_array_is_one_dataset_of_its_blocks_and_older_per_block_datasets_still_read(tmp_path: Path) -> None:
+    import h5py
+    from mpi4py import MPI
+
+    blocks = (Block(1, (4, 0), (3, 6), "0"), Block(3, (30, 2), (2, 4), "0"))  # an incremental step's changed blocks
+    arrays = [np.full(block.shape, float(block.rank)) for block in blocks]
+    backend = open_backend("hdf5")
+    placed = backend.layout([LeafRecord("u", "distributed", "<f8", SHAPE, blocks)])[0]
+    assert placed.location["elements"] == 26 and [block.location["start"] for block in placed.blocks] == [0, 18]
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, b, a) for b, a in zip(placed.blocks, arrays)])
+    with h5py.File(tmp_path / "data.h5", "r") as h5:
+        assert h5["u"].shape == (26,) and h5["u"][...].tolist() == [1.0] * 18 + [3.0] * 8
+    for block, array in zip(placed.blocks, arrays):
+        out = np.empty(block.shape)
+        backend.read(tmp_path, [BlockData(placed, block, out)])
+        assert np.array_equal(out, array), block.rank
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    with h5py.File(old_dir / "data.h5", "w") as h5:  # before 2026-12-03: a dataset per block, marked per rank
+        for block, array in zip(blocks, arrays):
+            h5.create_dataset(f"u/rank-{block.rank:05d}", data=array)
+    old = LeafRecord("u", "distributed", "<f8", SHAPE, tuple(replace(block, location={"per_rank": True}) for block in blocks),
+                     {"file": "data.h5", "dataset": "/u"})  # fmt: skip
+    for block, array in zip(old.blocks, arrays):
+        out = np.empty(block.shape)
+        backend.read(old_dir, [BlockData(old, block, out)])
+        assert np.array_equal(out, array), block.rank
