@@ -71,7 +71,8 @@ def _h5py() -> Any:
 
 
 def rank_dataset_name(rank: int) -> str:
-    """Name of ``rank``'s dataset inside a partial array's group (or, before 2026-12-03, a Local leaf's)."""
+    """Name of ``rank``'s dataset inside a leaf's group, in files written before
+    2026-12-03 (a Local leaf's, a partial array's)."""
     return f"rank-{rank:05d}"
 
 
