@@ -58,8 +58,8 @@ if TYPE_CHECKING:
 FILE_NAME = "data.h5"
 LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in the file
 PER_RANK = "per_rank"  # block location key: the block is a dataset of its own
-START = "start"  # block location key: a Local block's first element in its leaf's dataset
-ELEMENTS = "elements"  # leaf location key: the length of a Local leaf's dataset
+START = "start"  # block location key: a concatenated block's first element (Local leaves, partial arrays)
+ELEMENTS = "elements"  # leaf location key: the length of a concatenated leaf's dataset
 
 
 def _h5py() -> Any:
@@ -142,13 +142,12 @@ class HDF5Backend(Backend):
     ) -> list[str]:
         """Rank 0 lays out ``data.h5``; then every rank writes its ``blocks`` with ``pwrite``.
 
-        Collective over ``comm`` (a broadcast and a scatter): rank 0 passes every record
-        (laid out in groups: every record with its own blocks only), another rank its
-        part (:meth:`~hpckpt.storage.base.Backend.parts`). Rank 0 creates the file and
-        every dataset with serial HDF5, contiguous and allocated at once (or reuses a
-        recycled file of the same layout), broadcasts the file offsets of the leaves'
-        datasets and sends each rank those of its own datasets (a partial array's
-        blocks); each rank then writes the C-order runs of its blocks at those offsets
+        Collective over ``comm`` (a broadcast): rank 0 passes every record (laid out in
+        groups: every record with its own blocks only), another rank its part
+        (:meth:`~hpckpt.storage.base.Backend.parts`). Rank 0 creates the file and one
+        dataset per leaf with serial HDF5, contiguous and allocated at once (or reuses a
+        recycled file of the same layout) and broadcasts their file offsets; each rank
+        then writes the C-order runs of its blocks at those offsets
         (:func:`~hpckpt.storage.direct.write_pieces`): no HDF5, no MPI and no GIL in the
         data path, so a save in a background thread cannot deadlock with the
         application's MPI calls.

@@ -240,13 +240,11 @@ class PosixBackend(Backend):
     def _file_run(self, ranks: range, segment_bytes: Mapping[int, int]) -> FileRun:
         """Where the segments of ``ranks`` (consecutive, in one file) end, counted from
         the first one's start."""
-        following, end, writer = 0, None, -1
-        for rank in ranks:
-            start = following
-            if rank in segment_bytes:
-                end, writer = start + segment_bytes[rank], rank
-            following = _round_up(start + segment_bytes.get(rank, 0), self.segment_alignment)
-        return FileRun(following, end, writer)
+        starts = self._segment_starts(ranks, segment_bytes, 0)
+        last = ranks[-1]
+        following = _round_up(starts[last] + segment_bytes.get(last, 0), self.segment_alignment)
+        writer = max((rank for rank in ranks if rank in segment_bytes), default=-1)
+        return FileRun(following, starts[writer] + segment_bytes[writer] if writer >= 0 else None, writer)
 
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
         """Each rank's records hold the blocks of every rank of its file (of its group's,
