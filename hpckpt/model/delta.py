@@ -43,10 +43,10 @@ def home_step(block: Block, step: int) -> int:
 
 
 def referenced_steps(manifest: Manifest) -> set[int]:
-    """The other steps whose files ``manifest``'s step reads."""
-    return {
-        home_step(block, manifest.step) for record in manifest.leaves for block in record.blocks
-    } - {manifest.step}
+    """The other steps whose files ``manifest``'s step reads (a sharded manifest lists
+    them: its leaves hold none of its blocks unless its shards were read)."""
+    homes = {home_step(block, manifest.step) for record in manifest.leaves for block in record.blocks}
+    return (homes | set(manifest.in_steps)) - {manifest.step}
 
 
 def plan_delta(records: Sequence[LeafRecord], base: Manifest, backend: str, algorithm: str) -> Delta:
@@ -122,3 +122,28 @@ def _same_leaf(new: LeafRecord, old: LeafRecord) -> bool:
 
 def _same_block(new: Block, old: Block) -> bool:
     return (new.offset, new.shape, new.checksum, new.members) == (old.offset, old.shape, old.checksum, old.members)
+
+
+@dataclass(frozen=True)
+class GroupWrites:
+    """What a group's leader tells rank 0 of its ranks' part of an incremental step
+    (:func:`group_writes`), when the step is laid out in groups."""
+
+    paths: frozenset[str]  # the leaves of which the group writes some block
+    in_steps: frozenset[int]  # the steps whose files hold the group's reused blocks
+    nbytes: int  # the bytes of the blocks the group writes
+
+
+def group_writes(written: Sequence[LeafRecord], delta: Delta | None) -> GroupWrites:
+    """The summary of a group whose records to write are ``written`` (:func:`to_write`)."""
+    steps = frozenset(int(block.location[IN_STEP]) for block in delta.reused.values()) if delta is not None else frozenset()
+    return GroupWrites(frozenset(record.path for record in written), steps, sum(record.nbytes for record in written))
+
+
+def all_group_writes(summaries: Sequence[GroupWrites]) -> GroupWrites:
+    """Every group's :func:`group_writes` as one: what the whole step writes and reads."""
+    return GroupWrites(
+        frozenset().union(*(summary.paths for summary in summaries)),
+        frozenset().union(*(summary.in_steps for summary in summaries)),
+        sum(summary.nbytes for summary in summaries),
+    )

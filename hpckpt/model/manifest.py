@@ -175,6 +175,7 @@ class Manifest:
     lists: tuple[str, ...] = ()  # the paths of the saved tree's lists ("": the tree itself); the rest are dicts
     dims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # axis names of global array leaves, by path
     shards: tuple[Shard, ...] = ()  # where the blocks are written, when not in the leaves (version 5)
+    in_steps: tuple[int, ...] = ()  # of a sharded step: the other steps whose files hold some of its blocks
 
     @property
     def pack(self) -> LeafRecord | None:
@@ -194,8 +195,9 @@ class Manifest:
 
     @property
     def incremental(self) -> bool:
-        """True when some block's bytes are in another step's files (``location["in_step"]``)."""
-        return any(IN_STEP in block.location for record in self.leaves for block in record.blocks)
+        """True when some block's bytes are in another step's files (``location["in_step"]``,
+        or a sharded manifest's :attr:`in_steps`)."""
+        return bool(self.in_steps) or any(IN_STEP in block.location for record in self.leaves for block in record.blocks)
 
     def to_json(self) -> str:
         """Serialise to JSON text (sorted keys, one manifest per file).
@@ -207,7 +209,7 @@ class Manifest:
         """
         body = {field_.name: getattr(self, field_.name) for field_ in fields(self)}
         body["leaves"] = [_leaf_dict(record, with_blocks=not self.shards) for record in self.leaves]
-        for optional in ("lists", "dims", "shards"):
+        for optional in ("lists", "dims", "shards", "in_steps"):
             if not body[optional]:
                 del body[optional]
         if self.shards:
@@ -285,6 +287,7 @@ class Manifest:
                 lists=_paths(body.get("lists", []), "lists"),
                 dims={path: _paths(names, f"dims of {path!r}") for path, names in _object(body.get("dims", {}), "dims").items()},
                 shards=shards,
+                in_steps=_earlier_steps(body.get("in_steps", []), step),
             )
             manifest.tree_leaves  # noqa: B018 (opens the pack, which checks it)
             return manifest
@@ -486,6 +489,13 @@ def _count(value: Any, what: str) -> int:
     if not is_count(value):
         raise ValueError(f"{what} is {value!r}, not an integer >= 0")
     return value
+
+
+def _earlier_steps(value: Any, step: int) -> tuple[int, ...]:
+    """``in_steps``: distinct steps before ``step``, in increasing order, else ValueError."""
+    if not isinstance(value, list) or not all(is_count(n) and n < step for n in value) or value != sorted(set(value)):
+        raise ValueError(f"in_steps is {value!r}, expected the increasing numbers of steps before step {step}")
+    return tuple(value)
 
 
 def _optional_step(value: Any, what: str, step: int) -> int | None:

@@ -41,7 +41,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +70,7 @@ from ..buffers.host import AlignedPool, aligned_empty, as_host_array
 from ..checksum import ALGORITHM, block_checksum, pieces_checksum, text_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError
 from ..model.boxes import Box
-from ..model.delta import Delta, compose, placeholder, plan_delta, to_write
+from ..model.delta import Delta, GroupWrites, all_group_writes, compose, group_writes, placeholder, plan_delta, to_write
 from ..model.layout import (
     LATER,
     PACK_LIMIT,
@@ -303,7 +303,8 @@ def choose_base(run_dir: RunDirectory, step: int, every: int, base: int | None) 
 
     Not collective (rank 0). ``base`` is a chosen committed step; otherwise, with
     ``every >= 2``, the newest committed step before ``step``, unless that would make
-    ``every`` incremental steps in a row (or its manifest is unreadable).
+    ``every`` incremental steps in a row (or its manifest is unreadable). A sharded
+    manifest is read without its shards (:func:`base_blocks` reads those needed).
     """
     committed = run_dir.committed_steps()
     if base is not None:
@@ -312,12 +313,12 @@ def choose_base(run_dir: RunDirectory, step: int, every: int, base: int | None) 
                 f"save step {step}: base step {base} is not a committed step before it in {run_dir.root} "
                 f"(committed: {committed or 'none'})"
             )
-        return run_dir.manifest(base)
+        return run_dir.manifest(base, wanted=lambda _shard: False)
     earlier = [committed_step for committed_step in committed if committed_step < step]
     if every < 2 or not earlier:
         return None
     try:
-        newest = run_dir.manifest(earlier[-1])
+        newest = run_dir.manifest(earlier[-1], wanted=lambda _shard: False)
     except CorruptCheckpointError:
         return None
     return newest if newest.delta_chain + 1 < every else None
@@ -357,7 +358,7 @@ def save_coordinated(
     seconds: dict[str, float] = {}
     staged: dict[str, np.ndarray] = {}
     delta_planned = incremental >= 2 or base is not None  # a delta compares checksums in the plan
-    sharded = not delta_planned and comm.size >= manifest_shard_ranks()  # rank 0 then never sees the blocks' checksums
+    many = comm.size >= manifest_shard_ranks()  # laid out in groups and sharded: rank 0 never sees every block
     deferred: dict[str, np.ndarray] = {}
     lent: list[np.ndarray] = []  # this rank's pack buffer, given back once written and checksummed
 
@@ -379,15 +380,17 @@ def save_coordinated(
     agreed, trees_agree = agree_on_layout(comm, step, digests, None if delta_planned else layouts)
     values, dims = rank_plan.values, rank_plan.dims  # alike on every rank: agreed, or checked by merge_plans
     delta: Delta | None = None
-    in_groups = agreed is None and sharded and trees_agree and backend.lays_out_in_groups
-    grouped = lay_out_in_groups(comm, rank_plan, backend, timed) if in_groups else None
+    choose = (lambda: choose_base(run_dir, step, incremental, base)) if delta_planned else None
+    in_groups = agreed is None and many and trees_agree and backend.lays_out_in_groups
+    grouped = lay_out_in_groups(comm, rank_plan, backend, timed, choose, run_dir) if in_groups else None
+    sharded = grouped is not None or (many and not delta_planned)  # rank 0 then never sees the blocks' checksums
     if agreed is not None:
         merged = records = agreed.records
         step_bytes = agreed.nbytes
         own_blocks = [BlockData(record, block, staged[record.path]) for record, block in agreed.own]
     elif grouped is not None:
-        merged = records = grouped[0]
-        step_bytes = grouped[1]
+        merged = records = grouped.records
+        step_bytes = grouped.nbytes
     else:
         plans = comm.gather(rank_plan, root=0)
         laid_out: list[RootLayout] = []  # rank 0's, which keeps every record for the manifest
@@ -395,7 +398,7 @@ def save_coordinated(
         def lay_out() -> list[tuple[LeafRecord, ...] | InvalidStateError] | None:
             if plans is None:  # every rank but 0
                 return None
-            base_of = (lambda: choose_base(run_dir, step, incremental, base)) if delta_planned else None
+            base_of = (lambda: base_blocks(run_dir, choose(), range(comm.size))) if choose is not None else None
             result = lay_out_on_root(plans, backend, complete, base_of, comm.size)
             if isinstance(result, InvalidStateError):
                 return [result] * comm.size
@@ -446,7 +449,8 @@ def save_coordinated(
 
         def shard() -> tuple[dict[str, int], Shard] | None:
             point("save.shard")
-            return write_shard(temp, step, arrival_group(rank, comm.size), reports) if reports else None
+            reused = grouped.reused if grouped is not None else {}
+            return write_shard(temp, step, arrival_group(rank, comm.size), reports, reused) if reports else None
 
         written_shards = timed("shard", shard, gather_from_leaders) or []
         sizes_seen, shards, per_rank = [sizes for sizes, _ in written_shards], [shard for _, shard in written_shards], []
@@ -460,8 +464,8 @@ def save_coordinated(
         if rank != 0:
             return
         sizes = merge_sizes(sizes_seen)
-        if shards:
-            leaves = tuple(replace(record, blocks=()) for record in records)  # their blocks are in the shards
+        if shards:  # their blocks are in the shards
+            leaves = grouped.leaves if grouped is not None else tuple(replace(record, blocks=()) for record in records)
         else:
             filled = records if delta_planned else fill_checksums(records, per_rank, chunk_checksums(rank_plan))
             leaves = compose(merged, filled, delta)
@@ -478,11 +482,12 @@ def save_coordinated(
             files=dict.fromkeys(sorted({*files, *sizes})),  # laid out in groups, rank 0's files are its own
             metric=None if metric is None else float(metric),
             file_checksums=dict.fromkeys(backend.metadata_files(files)),
-            delta_base=delta.base if delta is not None and delta.reused else None,
-            delta_chain=delta.chain if delta is not None and delta.reused else 0,
+            delta_base=delta.base if delta is not None and delta.reused else grouped.base if grouped is not None else None,
+            delta_chain=delta.chain if delta is not None and delta.reused else grouped.chain if grouped is not None else 0,
             lists=rank_plan.lists,
             dims=dims,
             shards=tuple(shards),
+            in_steps=grouped.in_steps if grouped is not None else (),
         )
         run_dir.commit(manifest, sizes)
 
@@ -506,19 +511,24 @@ def own_report(
     blocks by leaf path with their checksums (from ``synced``'s, or a replicated leaf's
     ``chunks``). Not collective."""
     sizes, checksums = synced
-    own = [replace(data.record, blocks=(data.block,)) for data in own_blocks]
+    own = [replace(data.record, blocks=(data.block,)) for data in own_blocks if data.block.rank == rank]  # no placeholder
     return sizes, {record.path: record.blocks[0] for record in fill_checksums(own, {rank: checksums}, chunks)}
 
 
 def write_shard(
-    directory: Path, step: int, group: range, reports: Sequence[tuple[dict[str, int], dict[str, Block]]]
+    directory: Path, step: int, group: range, reports: Sequence[tuple[dict[str, int], dict[str, Block]]],
+    reused: Mapping[tuple[str, int], Block],
 ) -> tuple[dict[str, int], Shard]:
     """Write, durably, the shard of step ``step``'s manifest with the blocks of ``group``'s
-    ranks (their :func:`own_report`, in rank order) into ``directory``; return the largest
-    size each of their files had, and the shard. Not collective: a group's leader."""
+    ranks (their :func:`own_report`, in rank order, and the blocks they ``reuse`` from
+    an earlier step, by leaf path and rank) into ``directory``; return the largest size
+    each of their files had, and the shard. Not collective: a group's leader."""
+    reused_by_rank: dict[int, list[tuple[str, Block]]] = {}
+    for (path, rank), block in reused.items():
+        reused_by_rank.setdefault(rank, []).append((path, block))
     blocks: dict[str, list[Block]] = {}
-    for _, own in reports:
-        for path, block in own.items():
+    for rank, (_, own) in zip(group, reports):
+        for path, block in [*own.items(), *reused_by_rank.get(rank, ())]:
             blocks.setdefault(path, []).append(block)
     name = shard_name(group.start)
     text = shard_json(step, group.start, group.stop, blocks)
@@ -557,9 +567,26 @@ def lay_out_on_root(
     return RootLayout(merged, values, delta, records, backend.parts(records, range(size)))
 
 
+@dataclass(frozen=True)
+class GroupedLayout:
+    """What :func:`lay_out_in_groups` gives a rank. On rank 0, besides its records, the
+    step's bytes, its leaves for the manifest (without blocks) and, when it reuses
+    blocks (an incremental step), its base step, delta chain and the steps holding the
+    reused blocks; on a leader, its group's reused blocks by (leaf path, rank)."""
+
+    records: tuple[LeafRecord, ...]  # this rank's (rank 0's: every record it writes, with its own blocks)
+    reused: Mapping[tuple[str, int], Block] = field(default_factory=dict)
+    nbytes: int = 0
+    leaves: tuple[LeafRecord, ...] = ()
+    base: int | None = None
+    chain: int = 0
+    in_steps: tuple[int, ...] = ()
+
+
 def lay_out_in_groups(
-    comm: MPI.Comm, plan: RankPlan, backend: Backend, timed: Callable[..., Any]
-) -> tuple[tuple[LeafRecord, ...], int] | None:
+    comm: MPI.Comm, plan: RankPlan, backend: Backend, timed: Callable[..., Any],
+    base_of: Callable[[], Manifest | None] | None = None, run_dir: RunDirectory | None = None,
+) -> GroupedLayout | None:  # fmt: skip
     """Merge and lay out the plans in the arrival groups (:func:`~hpckpt._comm.arrival_group`)
     instead of on rank 0: each leader gathers its group's plans and merges them
     (:func:`~hpckpt.model.layout.merge_group`), rank 0 adds up the leaders' summaries
@@ -569,53 +596,91 @@ def lay_out_in_groups(
     leader lays out its group and sends each of its ranks its part. A leader receives
     its group's plans, rank 0 the leaders' summaries: about sqrt(P) of either.
 
+    An incremental save passes ``base_of``, rank 0's choice of the step to compare with
+    (:func:`choose_base`, its manifest read without its shards), which rank 0 sends the
+    leaders; each leader reads the base's blocks of its ranks from ``run_dir``
+    (:func:`base_blocks`), drops those its group reuses (:mod:`hpckpt.model.delta`) and
+    lays out the others, and rank 0 learns which leaves some group writes and which
+    steps the reused blocks are in (:func:`~hpckpt.model.delta.group_writes`).
+
     Collective over ``comm``, whose ranks all gave the same agreement digest
     (:func:`agree_on_layout`), with a backend that :attr:`~hpckpt.storage.base.Backend.lays_out_in_groups`;
-    ``timed(name, action, collective)`` runs each phase. Returns this rank's records
-    (rank 0's: every record, with its own blocks) and, on rank 0, the step's bytes
-    (0 elsewhere); None on every rank when some leaf's boxes do not tile its array: the
-    plans must then be merged whole (:func:`lay_out_on_root`), which names leaf and ranks.
+    ``timed(name, action, collective)`` runs each phase. None on every rank when some
+    leaf's boxes do not tile its array: the plans must then be merged whole
+    (:func:`lay_out_on_root`), which names leaf and ranks.
     """
     group = arrival_group(comm.rank, comm.size)
+    base = None
+    if base_of is not None:
+        chosen = timed("choose the base", lambda: base_of() if comm.rank == 0 else None)
+        bare = None if chosen is None else replace(chosen, shards=tuple(shard._replace(bounds={}) for shard in chosen.shards))
+        base = share_with_leaders(comm, bare)
     plans = timed("plans to leaders", lambda: plan, gather_in_groups)
-    merged: list[tuple[LeafRecord, ...]] = []
+    kept: list[tuple[tuple[LeafRecord, ...], Delta | None]] = []  # a leader's: its group's records to write, its delta
 
-    def merge() -> tuple[GroupSummary, Any] | None:
+    def merge() -> tuple[GroupSummary, Any, GroupWrites | None] | None:
         point("save.merge")
         if plans is None:  # not a leader
             return None
         records, summary = merge_group(plans, group.start, comm.size)
-        merged.append(records)
-        return summary, backend.group_extent(records, group)
+        held = base_blocks(run_dir, base, group) if base is not None and run_dir is not None else None
+        delta = plan_delta(records, held, backend.name, ALGORITHM) if held is not None else None
+        written = to_write(records, delta)
+        kept.append((written, delta))
+        return summary, backend.group_extent(written, group), None if base is None else group_writes(written, delta)
 
     summaries = timed("merge in groups", merge, gather_from_leaders)
 
-    def check() -> tuple[GroupsVerdict, dict[int, Any]] | None:
-        verdict = None if summaries is None else check_groups([summary for summary, _ in summaries])
-        if verdict is None:
+    def check() -> tuple[GroupsVerdict, GroupWrites | None, tuple[LeafRecord, ...], dict[int, Any]] | None:
+        verdict = None if summaries is None else check_groups([summary for summary, _, _ in summaries])
+        if verdict is None or summaries is None:
             return None
-        starts = backend.group_starts([extent for _, extent in summaries])
-        return verdict, {summary.first: start for (summary, _), start in zip(summaries, starts)}
+        writes = None if base is None else all_group_writes([written for _, _, written in summaries if written is not None])
+        headers = verdict.headers if writes is None else tuple(h for h in verdict.headers if h.path in writes.paths)
+        starts = backend.group_starts([extent for _, extent, _ in summaries], headers)
+        return verdict, writes, headers, {summary.first: start for (summary, _, _), start in zip(summaries, starts)}
 
     checked = timed("check the groups", check)
-    starts = share_with_leaders(comm, None if checked is None else checked[1])
+    starts = share_with_leaders(comm, None if checked is None else checked[3])
 
     def cut() -> list[tuple[LeafRecord, ...] | None] | None:
         if plans is None:
             return None
         if starts is None:  # the boxes do not tile: every rank merges whole
             return [None] * len(group)
-        return list(backend.parts(backend.layout(merged[0], starts[group.start]), group))
+        return list(backend.parts(backend.layout(kept[0][0], starts[group.start]), group))
 
     part = timed("lay out in groups", cut, scatter_in_groups)
     if part is None:
         return None
+    delta = kept[0][1] if kept else None
+    reused = delta.reused if delta is not None else {}
     if checked is None:  # every rank but 0
-        return part, 0
-    verdict, first_starts = checked[0], checked[1][0]
+        return GroupedLayout(part, reused)
+    verdict, writes, headers, first_starts = checked[0], checked[1], checked[2], checked[3][0]
     own = {record.path: record.blocks for record in part}
-    records = tuple(replace(record, blocks=own.get(record.path, ())) for record in backend.layout(verdict.headers, first_starts))
-    return records, verdict.nbytes
+    placed = tuple(replace(record, blocks=own.get(record.path, ())) for record in backend.layout(headers, first_starts))
+    if writes is None or base is None:
+        return GroupedLayout(placed, reused, verdict.nbytes, tuple(replace(record, blocks=()) for record in placed))
+    locations = {record.path: record.location for record in base.leaves}  # of the leaves no group writes
+    leaves = compose(verdict.headers, placed, Delta(base.step, 0, {}, locations))
+    if not writes.in_steps:  # nothing reused: a full step
+        return GroupedLayout(placed, reused, writes.nbytes, leaves)
+    return GroupedLayout(placed, reused, writes.nbytes, leaves, base.step, base.delta_chain + 1, tuple(sorted(writes.in_steps)))
+
+
+def base_blocks(run_dir: RunDirectory, base: Manifest | None, ranks: range) -> Manifest | None:
+    """``base`` (read without its shards: :func:`choose_base`) with the blocks of
+    ``ranks`` (those of its shards that hold them; all of them where it is not sharded),
+    or None when there is no base or such a shard cannot be read (the save then reuses
+    none of their blocks). Not collective."""
+    if base is None or not base.shards:
+        return base
+    try:
+        return base.with_shard_blocks(str(run_dir.manifest_path(base.step)), run_dir.shard_reader(base.step),
+                                      lambda shard: shard.first < ranks.stop and ranks.start < shard.stop)  # fmt: skip
+    except CorruptCheckpointError:
+        return None
 
 
 class LayoutMemory:

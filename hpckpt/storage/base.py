@@ -140,11 +140,11 @@ class Backend:
         Default: None (no block's place depends on another group's)."""
         return None
 
-    def group_starts(self, extents: Sequence[Any]) -> list[Any]:
+    def group_starts(self, extents: Sequence[Any], headers: Sequence[LeafRecord]) -> list[Any]:
         """Each group's ``start`` for :meth:`layout`, from every group's
         :meth:`group_extent` in rank order (rank 0, whose group is first, lays out the
-        step's records with its own; it may say what the whole step takes). Pure.
-        Default: None for each."""
+        step's ``headers``, the records it writes without blocks, with its own; it may
+        say what the whole step takes). Pure. Default: None for each."""
         return [None] * len(extents)
 
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:

@@ -158,7 +158,7 @@ class ADIOS2Backend(Backend):
         """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
         return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == "local"}
 
-    def group_starts(self, extents: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
+    def group_starts(self, extents: Sequence[Mapping[str, int]], headers: Sequence[LeafRecord]) -> list[dict[str, int]]:
         """Per group, per Local leaf: the blocks holding bytes before it (its first block id)."""
         return running_totals(extents)[0]
 

@@ -276,13 +276,14 @@ class RunDirectory:
         return final
 
     def references(self, step: int) -> frozenset[int]:
-        """The steps whose files committed step ``step`` reads blocks from (cached).
+        """The steps whose files committed step ``step`` reads blocks from (cached; a
+        sharded manifest lists them, its shards are not read).
 
         An unreadable manifest refers to nothing: that step cannot be restored anyway.
         """
         if step not in self._references:
             try:
-                self._references[step] = frozenset(referenced_steps(self.manifest(step)))
+                self._references[step] = frozenset(referenced_steps(self.manifest(step, wanted=lambda _shard: False)))
             except CorruptCheckpointError:
                 return frozenset()
         return self._references[step]

@@ -122,19 +122,25 @@ class HDF5Backend(Backend):
     def layout(self, records: Sequence[LeafRecord], start: Mapping[str, tuple[int, int]] | None = None) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset of its path; a block of a Local
         leaf or of a partial array at its first element there (after the ``start`` of a
-        group's: per Local leaf, the elements of the earlier groups' blocks and of every
-        rank's). A group's records hold parts of whole arrays, never partial ones (a
-        delta is merged whole on rank 0)."""
+        group's, which names those leaves: per leaf, the elements of the earlier groups'
+        blocks and of every rank's)."""
         return tuple(_placed(record, start) for record in records)
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> dict[str, int]:
-        """Per Local leaf, the elements of the group's blocks."""
-        return {record.path: sum(block.size for block in record.blocks) for record in records if record.kind == "local"}
+        """Per Local and distributed leaf, the elements of the group's blocks."""
+        return {record.path: sum(block.size for block in record.blocks) for record in records if record.kind != "replicated"}
 
-    def group_starts(self, extents: Sequence[Mapping[str, int]]) -> list[dict[str, tuple[int, int]]]:
-        """Per group, per Local leaf: the elements before it, and every rank's."""
+    def group_starts(
+        self, extents: Sequence[Mapping[str, int]], headers: Sequence[LeafRecord]
+    ) -> list[dict[str, tuple[int, int]]]:
+        """Per group, per leaf whose blocks are concatenated: the elements before it,
+        and every rank's. Those are the Local leaves and the partial arrays: distributed
+        leaves whose blocks, added up over the groups, do not fill them (an incremental
+        step reuses the others)."""
         starts, totals = running_totals(extents)
-        return [{path: (before, totals[path]) for path, before in start.items()} for start in starts]
+        joined = [header.path for header in headers if header.path in totals
+                  and (header.kind == "local" or totals[header.path] < math.prod(header.whole_shape))]  # fmt: skip
+        return [{path: (start[path], totals[path]) for path in joined} for start in starts]
 
     def write(
         self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData],
@@ -296,10 +302,11 @@ def _check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np
 
 def _placed(record: LeafRecord, start: Mapping[str, tuple[int, int]] | None) -> LeafRecord:
     """``record`` laid out (:meth:`HDF5Backend.layout`): a Local leaf's blocks, and those
-    of a partial array laid out whole, concatenated (:func:`_concatenated`). Direct
-    construction: dataclasses.replace costs 5 us a call, 10,000s per save."""
+    of a partial array, concatenated (:func:`_concatenated`); laid out in groups, those
+    of the leaves ``start`` names. Direct construction: dataclasses.replace costs 5 us a
+    call, 10,000s per save."""
     location: dict[str, Any] = {"file": FILE_NAME, "dataset": f"/{record.path}"}
-    if record.kind != "local" and (start is not None or not _partial(record)):
+    if not (record.path in start if start is not None else record.kind == "local" or _partial(record)):
         return LeafRecord(record.path, record.kind, record.dtype, record.global_shape, record.blocks, location,
                           record.encoding)  # fmt: skip
     first, location[ELEMENTS] = start[record.path] if start is not None else (0, sum(b.size for b in record.blocks))

@@ -8,30 +8,41 @@ the files of its part of a sharded step); ``hpckpt verify`` and
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError
-from ..model.delta import referenced_steps
-from ..model.manifest import Manifest
+from ..model.delta import home_step, referenced_steps
+from ..model.manifest import Manifest, stored_file
+from ..model.reads import BlockIndex
 from .commit import RunDirectory
 
 
 def damaged_files(run_dir: RunDirectory, manifest: Manifest) -> list[str]:
     """What is wrong with the step's files, and with those of the steps it reads blocks
-    of: missing, not of their committed size, or (metadata files) not of their committed
-    checksum. Reads only those metadata files (and the other manifests)."""
-    problems = _damaged_own_files(run_dir, manifest)
+    of (only the files that hold its blocks there): missing, not of their committed
+    size, or (metadata files) not of their committed checksum. Reads only those metadata
+    files, and the other steps' manifests without their shards."""
+    problems = _damaged_own_files(run_dir, manifest, manifest.files)
     for other in sorted(referenced_steps(manifest)):
         try:
-            problems += _damaged_own_files(run_dir, run_dir.manifest(other))
+            holder = run_dir.manifest(other, wanted=lambda _shard: False)
         except CorruptCheckpointError as exc:
             problems.append(f"step {manifest.step} reads blocks of step {other}, which is unusable: {exc}")
+            continue
+        held = {stored_file(record, block) for record in manifest.leaves for block in record.blocks
+                if home_step(block, manifest.step) == other}  # fmt: skip
+        index = BlockIndex()
+        files = sorted({found for name in held for found in index.files_of(holder, name)})
+        problems += _damaged_own_files(run_dir, holder, files)
     return problems
 
 
-def _damaged_own_files(run_dir: RunDirectory, manifest: Manifest) -> list[str]:
+def _damaged_own_files(run_dir: RunDirectory, manifest: Manifest, names: Iterable[str]) -> list[str]:
+    """What is wrong with the files ``names`` of ``manifest``'s step."""
     problems = []
-    for name, size in manifest.files.items():
+    for name in names:
+        size = manifest.files[name]
         path = run_dir.step_path(manifest.step) / name
         try:
             status = os.stat(path)

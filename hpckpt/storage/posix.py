@@ -191,7 +191,7 @@ class PosixBackend(Backend):
         head, tail = (self._file_run(run, segment_bytes) for run in runs)
         return PosixExtent(ranks, head, tail if runs[1] != runs[0] else None)
 
-    def group_starts(self, extents: Sequence[PosixExtent]) -> list[PosixStart]:
+    def group_starts(self, extents: Sequence[PosixExtent], headers: Sequence[LeafRecord]) -> list[PosixStart]:
         """Each group's first segment (after the earlier groups' in a shared file) and the
         end of its first and last file, with the rank that writes their last byte."""
         ends: dict[str, tuple[int, int]] = {}

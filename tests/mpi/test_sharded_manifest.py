@@ -70,6 +70,82 @@ def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(wo
     assert not json.loads((mpi_tmp_path / "whole" / "step-00000002" / "manifest.json").read_text()).get("shards")
 
 
+def save_incremental_steps(world, run_dir, backend) -> list[tuple[bool, dict]]:
+    """Steps 1-3 with ``incremental=3`` and keep=1: step 2 changes rank 0's field block,
+    step 3 rank 1's only (rank 0's is then reused from step 2, the rest from step 1);
+    each restored bit for bit. Whether each save was merged in groups, and each step's
+    top-level manifest (rank 0)."""
+    state = make_state(world, 1)
+    done, tops = [], []
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=1, incremental=3, **backend) as checkpointer:
+        for step in (1, 2, 3):
+            if world.rank == step - 2:
+                state["field"].array[0, 0] += step
+            checkpointer.save(step, state)
+            done.append(checkpointer.last_save.merged_in_groups)
+            restored = make_state(world, 0)
+            assert checkpointer.restore(restored) == step
+            assert_same(state, restored)
+        assert checkpointer.steps() == [1, 2, 3]  # step 3 reads blocks of steps 1 and 2
+    if world.rank == 0:
+        tops = [json.loads((run_dir / f"step-{step:08d}" / "manifest.json").read_text()) for step in (1, 2, 3)]
+    world.Barrier()
+    return list(zip(done, tops or [{}] * 3))
+
+
+def test_incremental_steps_are_merged_in_groups_and_sharded_as_a_whole_delta_would_be(world, mpi_tmp_path, backend,
+                                                                                        monkeypatch):  # fmt: skip
+    """Each leader compares its group's blocks with its shard of the base step, writes
+    only the changed ones and lists the reused ones in its shard. The blocks are exactly those of a delta merged on rank 0, and the steps a
+    sharded step reads are listed in its manifest (retention keeps them)."""
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+    sharded = save_incremental_steps(world, mpi_tmp_path / "sharded", backend)
+    monkeypatch.delenv("HPCKPT_MANIFEST_SHARD_RANKS")
+    whole = save_incremental_steps(world, mpi_tmp_path / "whole", backend)
+    assert [grouped for grouped, _ in sharded] == [True] * 3 and [grouped for grouped, _ in whole] == [False] * 3
+    if world.rank != 0:
+        return
+    assert [top["version"] for _, top in sharded] == [5, 5, 5]
+    assert [(top.get("delta_base"), top.get("delta_chain"), top.get("in_steps")) for _, top in sharded] == [
+        (None, 0, None), (1, 1, [1]), (2, 2, [1, 2])
+    ]  # fmt: skip
+    sharded_reader, whole_reader = CheckpointReader(mpi_tmp_path / "sharded"), CheckpointReader(mpi_tmp_path / "whole")
+    for step in (1, 2, 3):
+        assert sharded_reader.verify(step) == []
+        ours, theirs = sharded_reader.manifest(step), whole_reader.manifest(step)
+        assert ours.leaves == theirs.leaves, step
+        assert (ours.delta_base, ours.delta_chain) == (theirs.delta_base, theirs.delta_chain)
+    homes = {(record.path, block.rank): block.location.get("in_step", 3) for record in sharded_reader.manifest(3).leaves
+             for block in record.blocks}  # fmt: skip
+    assert homes[("field", 0)] == 2 and homes[("field", 1)] == 3 and homes[("field", 2)] == 1
+
+
+def test_a_group_whose_base_shard_is_damaged_writes_all_its_blocks(world, mpi_tmp_path, sharded):
+    """The last group's shard of step 1 is damaged: its leader cannot compare, so that
+    group writes every block of step 2, and the other groups still reuse theirs."""
+    run_dir = mpi_tmp_path / "damaged-base"
+    last = arrival_group(world.size - 1, world.size)
+    state = make_state(world, 1)
+    with hpckpt.Checkpointer(run_dir, comm=world, incremental=3, backend="posix") as checkpointer:
+        checkpointer.save(1, state)
+        if world.rank == 0:
+            shard = run_dir / "step-00000001" / f"manifest-shard-{last.start:05d}.json"
+            shard.write_text(shard.read_text().replace('"rank":', '"rank": ', 1))
+        world.Barrier()
+        checkpointer.save(2, state)
+        restored = make_state(world, 0)
+        assert checkpointer.restore(restored) == 2
+    assert_same(state, restored)
+    if world.rank == 0:
+        manifest = CheckpointReader(run_dir).manifest(2)
+        homes: dict[int, set[int]] = {}
+        for record in manifest.leaves:
+            for block in record.blocks:
+                homes.setdefault(block.rank, set()).add(block.location.get("in_step", 2))
+        assert manifest.in_steps == (1,) and manifest.delta_base == 1
+        assert homes == {rank: {2} if rank in last else {1} for rank in range(world.size)}
+
+
 @pytest.mark.parametrize(("writers", "readers"), [(4, 3), (3, 4)])
 def test_a_sharded_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers, sharded):
     if world.size < max(writers, readers):

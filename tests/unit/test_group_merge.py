@@ -16,7 +16,9 @@ from hpckpt.model.layout import (
     merge_plans,
     pack_plan,
 )
-from hpckpt.model.manifest import PACK_PATH
+from hpckpt.checksum import ALGORITHM
+from hpckpt.model.delta import Delta, all_group_writes, compose, group_writes, plan_delta, to_write
+from hpckpt.model.manifest import PACK_PATH, Manifest
 from hpckpt.storage.bp5 import ADIOS2Backend
 from hpckpt.storage.hdf5 import HDF5Backend
 from hpckpt.storage.posix import PosixBackend
@@ -55,20 +57,74 @@ def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
     assert verdict.headers == tuple(replace(record, blocks=()) for record in whole)
     assert verdict.nbytes == sum(record.nbytes for record in whole)
     # Local "part" holds rank % 3 elements: ranks 1, 2 | 4, 5, 7 | 8 hold bytes; every rank's pack does (16 bytes)
-    adios2_starts = ADIOS2Backend().group_starts([ADIOS2Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)])
+    extents = [ADIOS2Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)]
+    adios2_starts = ADIOS2Backend().group_starts(extents, verdict.headers)
     assert adios2_starts == [{"part": 0, PACK_PATH: 0}, {"part": 2, PACK_PATH: 4}, {"part": 5, PACK_PATH: 8}]
-    hdf5_starts = HDF5Backend().group_starts([HDF5Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)])
+    hdf5_starts = HDF5Backend().group_starts([HDF5Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)],
+                                             verdict.headers)  # fmt: skip
     assert hdf5_starts == [{"part": (0, 9), PACK_PATH: (0, 160)}, {"part": (3, 9), PACK_PATH: (64, 160)},
                            {"part": (7, 9), PACK_PATH: (128, 160)}]  # fmt: skip
     for backend in (PosixBackend(), ADIOS2Backend(), HDF5Backend()):
         laid_out = backend.layout(whole)
         expected = backend.parts(laid_out, range(RANKS))
-        starts = backend.group_starts([backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)])
+        extents = [backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)]
+        starts = backend.group_starts(extents, verdict.headers)
         for (records, _), group, start in zip(pieces, GROUPS, starts):
             placed = backend.layout(records, start)
             assert backend.parts(placed, group) == expected[group.start : group.stop], (backend.name, group)
         headers = backend.layout(verdict.headers, starts[0])  # rank 0's, laid out in groups
         assert headers == tuple(replace(record, blocks=()) for record in laid_out), backend.name
+
+
+def changed(plan: RankPlan) -> RankPlan:
+    """``plan`` with new contents in every block but the replicated leaf's."""
+    return RankPlan(tuple(leaf if leaf.kind == "replicated" else replace(leaf, checksum=leaf.checksum + "'")
+                          for leaf in plan.leaves), plan.values)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", [PosixBackend(), PosixBackend(ranks_per_file=3), ADIOS2Backend(), HDF5Backend()],
+                         ids=["posix", "posix-shared", "adios2", "hdf5"])  # fmt: skip
+@pytest.mark.parametrize("changing", [(), (1, 5, 6), tuple(range(RANKS))])
+def test_a_delta_laid_out_in_groups_is_laid_out_as_a_whole_delta(backend, changing):
+    """Each leader compares its group's blocks with the base step's: the blocks written,
+    their places and the blocks reused are those of a delta of every rank on rank 0, and
+    so are the manifest's leaves (hdf5: a distributed leaf some group reuses a block of
+    is concatenated, a partial array)."""
+    base_records = backend.layout(merge_plans([grid_plan(rank) for rank in range(RANKS)])[0])
+    base = Manifest(1, "coordinated", backend.name, RANKS, ALGORITHM, base_records, {}, 0.0, 0.0)
+    plans = [changed(grid_plan(rank)) if rank in changing else grid_plan(rank) for rank in range(RANKS)]
+    merged = merge_plans(plans)[0]
+    delta = plan_delta(merged, base, backend.name, ALGORITHM)
+    laid_out = backend.layout(to_write(merged, delta))
+    expected = backend.parts(laid_out, range(RANKS))
+    pieces, verdict = merged_in_groups(plans)
+    assert verdict is not None
+    deltas = [plan_delta(records, base, backend.name, ALGORITHM) for records, _ in pieces]
+    written = [to_write(records, group_delta) for (records, _), group_delta in zip(pieces, deltas)]
+    writes = all_group_writes([group_writes(records, group_delta) for records, group_delta in zip(written, deltas)])
+    assert writes.nbytes == sum(record.nbytes for record in laid_out)
+    assert writes.in_steps == {1}  # the replicated leaf is never changed
+    assert {key: block for group_delta in deltas for key, block in group_delta.reused.items()} == delta.reused
+    headers = tuple(header for header in verdict.headers if header.path in writes.paths)
+    starts = backend.group_starts([backend.group_extent(records, group) for records, group in zip(written, GROUPS)], headers)
+    for records, group, start in zip(written, GROUPS, starts):
+        for rank, part in zip(group, backend.parts(backend.layout(records, start), group)):
+            assert own_blocks(part, rank) == own_blocks(expected[rank], rank), rank
+            if backend.name == "posix" and own_blocks(part, rank):  # where the rank cuts its recycled file
+                assert _ends(part).get(backend.file_of(rank)) == _ends(expected[rank]).get(backend.file_of(rank)), rank
+    placed = tuple(replace(record, blocks=()) for record in backend.layout(headers, starts[0]))  # rank 0's, its blocks aside
+    assert placed == tuple(replace(record, blocks=()) for record in laid_out)
+    locations = {record.path: record.location for record in base.leaves}
+    assert compose(verdict.headers, placed, Delta(1, 0, {}, locations)) == tuple(
+        replace(record, blocks=()) for record in compose(merged, laid_out, delta)
+    )
+    if backend.name == "hdf5":
+        grid = {record.path: record for record in laid_out}.get("grid")
+        assert (grid is not None and "elements" in grid.location) == (0 < len(changing) < RANKS)
+
+
+def own_blocks(part, rank):
+    return [(record.path, block) for record in part for block in record.blocks if block.rank == rank]
 
 
 def boxes_plans(boxes):
@@ -115,8 +171,10 @@ def test_posix_files_shared_across_groups_get_the_offsets_and_ends_of_a_whole_la
              for rank in range(RANKS)]  # fmt: skip
     backend = PosixBackend(ranks_per_file=ranks_per_file, segment_alignment=4096)
     whole = backend.layout(merge_plans(plans)[0])
-    pieces, _ = merged_in_groups(plans)
-    starts = backend.group_starts([backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)])
+    pieces, verdict = merged_in_groups(plans)
+    assert verdict is not None
+    starts = backend.group_starts([backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)],
+                                  verdict.headers)  # fmt: skip
     whole_ends = _ends(whole)
     outside = 0  # the ends of files whose last byte another group writes
     for (records, _), group, start in zip(pieces, GROUPS, starts):
