@@ -279,7 +279,8 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     assert verdict is not None
     starts, starts_bytes = {}, []
     for name, backend in backends.items():
-        found[f"group_starts_{name}_s"], starts[name] = seconds(lambda b=backend, e=extents[name]: b.group_starts(e, verdict.headers))
+        found[f"group_starts_{name}_s"], starts[name] = seconds(
+            lambda b=backend, e=extents[name]: b.group_starts(e, verdict.headers))
         by_leader = dict(zip(range(0, ranks, len(first)), starts[name]))
         starts_bytes.append(len(pickle.dumps(by_leader, protocol=pickle.HIGHEST_PROTOCOL)))
     found["starts_bytes"] = max(starts_bytes)

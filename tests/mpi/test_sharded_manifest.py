@@ -96,8 +96,9 @@ def save_incremental_steps(world, run_dir, backend) -> list[tuple[bool, dict]]:
 def test_incremental_steps_are_merged_in_groups_and_sharded_as_a_whole_delta_would_be(world, mpi_tmp_path, backend,
                                                                                         monkeypatch):  # fmt: skip
     """Each leader compares its group's blocks with its shard of the base step, writes
-    only the changed ones and lists the reused ones in its shard. The blocks are exactly those of a delta merged on rank 0, and the steps a
-    sharded step reads are listed in its manifest (retention keeps them)."""
+    only the changed ones and lists the reused ones in its shard. The blocks are exactly
+    those of a delta merged on rank 0, and the steps a sharded step reads are listed in
+    its manifest (retention keeps them)."""
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
     sharded = save_incremental_steps(world, mpi_tmp_path / "sharded", backend)
     monkeypatch.delenv("HPCKPT_MANIFEST_SHARD_RANKS")

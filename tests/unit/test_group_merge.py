@@ -7,6 +7,8 @@ from dataclasses import replace
 import pytest
 
 from hpckpt import InvalidStateError
+from hpckpt.checksum import ALGORITHM
+from hpckpt.model.delta import Delta, all_group_writes, compose, group_writes, plan_delta, to_write
 from hpckpt.model.layout import (
     MIN_REPLICATED_CHUNK,
     LeafPlan,
@@ -16,8 +18,6 @@ from hpckpt.model.layout import (
     merge_plans,
     pack_plan,
 )
-from hpckpt.checksum import ALGORITHM
-from hpckpt.model.delta import Delta, all_group_writes, compose, group_writes, plan_delta, to_write
 from hpckpt.model.manifest import PACK_PATH, Manifest
 from hpckpt.storage.bp5 import ADIOS2Backend
 from hpckpt.storage.hdf5 import HDF5Backend
