@@ -108,7 +108,9 @@ def test_bad_base_and_resaving_a_base_step_are_refused_everywhere(comm, run_dir,
     assert_same(state, fresh)
 
 
-def test_a_missing_base_step_is_reported_and_a_full_step_is_used(world, mpi_tmp_path, backend):
+@pytest.mark.parametrize("shard_ranks", ["1024", "2"], ids=["whole", "in-groups"])
+def test_a_missing_base_step_is_reported_and_a_full_step_is_used(world, mpi_tmp_path, backend, shard_ranks, monkeypatch):
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", shard_ranks)  # 2: merged in groups, sharded
     run_dir = mpi_tmp_path / "missing-base"
     first, second = make_state(world, seed=9), make_state(world, seed=10)
     with hpckpt.Checkpointer(run_dir, comm=world, keep=5, incremental=2, **backend) as checkpointer:
@@ -156,7 +158,9 @@ def test_non_blocking_incremental_saves(world, mpi_tmp_path, backend):
 
 
 @pytest.mark.mpi(min_size=4)
-def test_an_incremental_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend):
+@pytest.mark.parametrize("shard_ranks", ["1024", "2"], ids=["whole", "in-groups"])
+def test_an_incremental_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend, shard_ranks, monkeypatch):
+    monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", shard_ranks)  # 2: merged in groups, sharded
     from .test_rank_change import COLS, ROWS, global_rows, group, split
     from .test_rank_change import make_state as grid_state
 
