@@ -13,18 +13,20 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank):
    everywhere), for an incremental save reads the manifest of the step to compare with
    and drops the blocks it already holds (:mod:`hpckpt.model.delta`), lays the step
    out and sends each rank its part (:meth:`~hpckpt.storage.base.Backend.parts`).
-   From :func:`manifest_shard_ranks` ranks on (full saves whose ranks all agree on the
+   From :func:`manifest_shard_ranks` ranks on (saves whose ranks all agree on the
    tree, with a backend that lays out in groups), the leaders of groups of about
    sqrt(P) ranks merge their group's plans and rank 0 only checks what they sum up
-   (:func:`lay_out_in_groups`: ``plans to leaders``, ``merge in groups``, ``check the
-   groups``, ``lay out in groups``); a layout that fails that check is merged whole.
+   (:func:`lay_out_in_groups`: ``choose the base`` for an incremental save, whose
+   leaders then compare their groups' blocks with it, ``plans to leaders``, ``merge in
+   groups``, ``check the groups``, ``lay out in groups``); a layout that fails that
+   check is merged whole.
    ``prepare``: rank 0 checks the space and makes ``step-N.tmp``.
 3. ``write``: collective I/O by the backend. A rank that fails here aborts the job
    with a clear message, since the others may be waiting inside collective I/O.
 4. ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes
    until then) and reports to rank 0 its sizes and its blocks' checksums (those of a
    helper thread since the write began, and those known at planning). From
-   :func:`manifest_shard_ranks` ranks on (full saves only), the reports go to the
+   :func:`manifest_shard_ranks` ranks on (incremental saves when merged in groups), the reports go to the
    leaders of groups of about sqrt(P) ranks instead (:func:`~hpckpt._comm.arrival_group`),
    and ``shard``: each leader writes its ranks' blocks into a shard of the manifest and
    makes it durable, then sends rank 0 only the sizes and the shard's name and checksum.

@@ -72,7 +72,7 @@ from ..model.tree import Slot, flatten
 from ..storage import open_backend
 from ..storage.base import Backend, BlockData
 from ..storage.commit import RunDirectory
-from ..storage.integrity import damaged_files
+from ..storage.integrity import damaged_elsewhere, damaged_files
 from ..storage.verified import read_verified
 
 if TYPE_CHECKING:
@@ -230,7 +230,8 @@ def restore_newest(
                 _warn_fallback(step, differences, steps, what=f"({source}) does not match the state")
             continue
         if sharded:  # each rank checks the files its part names: no rank stats every file of the step
-            damaged = merged_phase(comm, f"restore step {step}: files", lambda: damaged_files(run_dir, manifest))
+            damaged = merged_phase(comm, f"restore step {step}: files",
+                                   lambda: damaged_files(run_dir, manifest, elsewhere=False))  # the leaders checked those
         else:
             damaged = share_phase(
                 comm, f"restore step {step}: files",
@@ -293,14 +294,18 @@ def _shard_parts(
     """Each rank's part of the sharded manifest ``bare`` (read without its blocks), for
     the ``requests`` of a group (its leader): read the shards they need
     (:func:`~hpckpt.model.reads.shards_for`), then cut as :func:`_parts` does. Why the
-    step is unusable for every rank of the group when one of those shards is."""
+    step is unusable for every rank of the group when one of those shards is, or when
+    the files of another step that hold their blocks are damaged
+    (:func:`~hpckpt.storage.integrity.damaged_elsewhere`)."""
     needed = shards_for(bare, requests)
     try:
         read = bare.with_shard_blocks(str(run_dir.manifest_path(step)), run_dir.shard_reader(step),
                                       lambda shard: shard.file in needed)  # fmt: skip
     except CorruptCheckpointError as exc:
         return [exc] * len(requests)
-    return list(_parts(read, requests))
+    parts = _parts(read, requests)
+    damaged = damaged_elsewhere(run_dir, parts)  # once per group: no rank of it reads another step's manifest
+    return [CorruptCheckpointError("; ".join(damaged))] * len(requests) if damaged else list(parts)
 
 
 def _request(slots: list[Slot], writers: int, size: int, rank: int, choice: RestoreChoice) -> ReadRequest:

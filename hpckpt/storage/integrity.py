@@ -8,32 +8,49 @@ the files of its part of a sharded step); ``hpckpt verify`` and
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError
-from ..model.delta import home_step, referenced_steps
+from ..model.delta import home_step
 from ..model.manifest import Manifest, stored_file
 from ..model.reads import BlockIndex
 from .commit import RunDirectory
 
 
-def damaged_files(run_dir: RunDirectory, manifest: Manifest) -> list[str]:
-    """What is wrong with the step's files, and with those of the steps it reads blocks
-    of (only the files that hold its blocks there): missing, not of their committed
-    size, or (metadata files) not of their committed checksum. Reads only those metadata
-    files, and the other steps' manifests without their shards."""
+def damaged_files(run_dir: RunDirectory, manifest: Manifest, *, elsewhere: bool = True) -> list[str]:
+    """What is wrong with the step's files, and (``elsewhere``) with those of the steps it
+    reads blocks of (:func:`damaged_elsewhere`): missing, not of their committed size, or
+    (metadata files) not of their committed checksum. Reads only those metadata files,
+    and the other steps' manifests without their shards."""
     problems = _damaged_own_files(run_dir, manifest, manifest.files)
-    for other in sorted(referenced_steps(manifest)):
+    return problems + damaged_elsewhere(run_dir, [manifest]) if elsewhere else problems
+
+
+def damaged_elsewhere(run_dir: RunDirectory, parts: Sequence[Manifest]) -> list[str]:
+    """What is wrong with the files of other steps that hold blocks of ``parts`` (of one
+    step: its manifest, or the parts of a group's ranks), checked as
+    :func:`damaged_files` checks its own; and every other step the step reads blocks of
+    (its blocks' ``in_step``, a sharded manifest's ``in_steps``) whose manifest is
+    unusable. Reads each of those manifests once, without its shards."""
+    held: dict[int, set[str]] = {}
+    for part in parts:
+        for other in part.in_steps:
+            held.setdefault(other, set())
+        for record in part.leaves:
+            for block in record.blocks:
+                home = home_step(block, part.step)
+                if home != part.step:
+                    held.setdefault(home, set()).add(stored_file(record, block))
+    problems = []
+    for other, names in sorted(held.items()):
         try:
             holder = run_dir.manifest(other, wanted=lambda _shard: False)
         except CorruptCheckpointError as exc:
-            problems.append(f"step {manifest.step} reads blocks of step {other}, which is unusable: {exc}")
+            problems.append(f"step {parts[0].step} reads blocks of step {other}, which is unusable: {exc}")
             continue
-        held = {stored_file(record, block) for record in manifest.leaves for block in record.blocks
-                if home_step(block, manifest.step) == other}  # fmt: skip
         index = BlockIndex()
-        files = sorted({found for name in held for found in index.files_of(holder, name)})
+        files = sorted({found for name in names for found in index.files_of(holder, name)})
         problems += _damaged_own_files(run_dir, holder, files)
     return problems
 

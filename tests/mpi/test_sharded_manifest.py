@@ -147,6 +147,33 @@ def test_a_group_whose_base_shard_is_damaged_writes_all_its_blocks(world, mpi_tm
         assert homes == {rank: {2} if rank in last else {1} for rank in range(world.size)}
 
 
+def test_a_cut_file_of_the_base_step_is_found_by_the_leader_restoring_a_sharded_incremental_step(world, mpi_tmp_path,
+                                                                                                     sharded):  # fmt: skip
+    """Step 2 reads the last rank's blocks from step 1's file, cut short: the leader of that
+    rank's group finds it (no rank reads step 1's manifest but the leaders), and neither
+    step restores."""
+    run_dir = mpi_tmp_path / "cut-base"
+    state = make_state(world, 1)
+    with hpckpt.Checkpointer(run_dir, comm=world, incremental=3, backend="posix") as checkpointer:
+        checkpointer.save(1, state)
+        if world.rank != world.size - 1:
+            state["field"].array[...] += 1.0
+        checkpointer.save(2, state)
+    data = run_dir / "step-00000001" / f"data-{world.size - 1:05d}.bin"
+    if world.rank == 0:
+        os.truncate(data, data.stat().st_size - 1)
+    world.Barrier()
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(hpckpt.CorruptCheckpointError) as raised:
+                checkpointer.restore(make_state(world, 0))
+    assert f"step 2: {data} has " in str(raised.value) and f"step 1: {data} has " in str(raised.value)
+    fallbacks = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
+    assert [message.startswith(f"checkpoint step {step} is corrupt") and str(data) in message
+            for step, message in zip((2, 1), fallbacks)] == [True, True], fallbacks  # fmt: skip
+
+
 @pytest.mark.parametrize(("writers", "readers"), [(4, 3), (3, 4)])
 def test_a_sharded_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers, sharded):
     if world.size < max(writers, readers):
