@@ -334,8 +334,13 @@ def incremental_in_groups(ranks: int, records: tuple[LeafRecord, ...], headers: 
     found["delta_layout_s"] = seconds(lambda: backend.parts(backend.layout(written, start), first))[0]
     found["delta_summaries_bytes"] = len(pickle.dumps(writes, protocol=pickle.HIGHEST_PROTOCOL)) * len(leaders)  # one each
     locations = {record.path: record.location for record in base.leaves}
-    found["delta_root_s"] = seconds(lambda: compose(headers, backend.layout(headers[:1]), Delta(1, 0, {}, locations))
-                                    if all_group_writes([writes] * len(leaders)).paths else ())[0]  # fmt: skip
+
+    def add_up() -> tuple[LeafRecord, ...]:  # as lay_out_in_groups on rank 0, every leader's summary alike
+        paths = all_group_writes([writes] * len(leaders)).paths
+        placed = backend.layout([header for header in headers if header.path in paths])
+        return compose(headers, placed, Delta(1, 0, {}, locations))
+
+    found["delta_root_s"] = seconds(add_up)[0]
     return found
 
 

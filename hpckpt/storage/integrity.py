@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError
-from ..model.delta import home_step
+from ..model.delta import home_step, referenced_steps
 from ..model.manifest import Manifest, stored_file
 from ..model.reads import BlockIndex
 from .commit import RunDirectory
@@ -35,7 +35,7 @@ def damaged_elsewhere(run_dir: RunDirectory, parts: Sequence[Manifest]) -> list[
     unusable. Reads each of those manifests once, without its shards."""
     held: dict[int, set[str]] = {}
     for part in parts:
-        for other in part.in_steps:
+        for other in referenced_steps(part):
             held.setdefault(other, set())
         for record in part.leaves:
             for block in record.blocks:
