@@ -20,6 +20,7 @@ import numpy as np
 from .buffers.bfloat16 import BFLOAT16, as_bfloat16
 from .errors import CorruptCheckpointError, MissingStepError
 from .model.boxes import local_slices
+from .model.kinds import LeafKind
 from .model.manifest import Block, LeafRecord, Manifest, stored_file
 from .model.reads import is_member, member_bytes
 from .model.tree import nest
@@ -199,7 +200,7 @@ class CheckpointReader:
         """Every writer rank's block of Local leaf ``path``, indexed by writer rank."""
         manifest = self.manifest(step)
         record = self.record(path, manifest.step)
-        if record.kind != "local":
+        if record.kind != LeafKind.LOCAL:
             raise ValueError(f"leaf {path!r} is {record.kind}, not local")
         blocks = sorted(record.blocks, key=lambda b: b.rank)
         return [_numbers(record, self.read_block(record, block, manifest.step, backend=manifest.backend)) for block in blocks]
@@ -211,7 +212,7 @@ class CheckpointReader:
         installed, else as its uint16 bits (as from :meth:`local_blocks`)."""
         manifest = self.manifest(step)
         record = self.record(path, manifest.step)
-        if record.kind == "local":
+        if record.kind == LeafKind.LOCAL:
             raise ValueError(f"leaf {path!r} is local: read it with local_blocks()")
         if len(record.blocks) == 1 and record.blocks[0].shape == record.whole_shape:  # one block: no second copy
             return _numbers(record, self.read_block(record, record.blocks[0], manifest.step, backend=manifest.backend))

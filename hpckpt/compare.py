@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .catalog import CheckpointReader
+from .model.kinds import LeafKind
 from .model.manifest import LeafRecord
 from .model.reads import is_member
 
@@ -71,7 +72,7 @@ def _same_array(first: CheckpointReader, first_step: int, record: LeafRecord, se
                         second.read_block(theirs, other, second_step, backend=two.backend))
             for mine, other in unsettled
         )  # fmt: skip
-    if record.kind == "local":
+    if record.kind == LeafKind.LOCAL:
         mine, other = first.local_blocks(record.path, first_step), second.local_blocks(theirs.path, second_step)
         return len(mine) == len(other) and all(_same_bytes(a, b) for a, b in zip(mine, other))
     return _same_bytes(first.read_array(record.path, first_step), second.read_array(theirs.path, second_step))

@@ -60,8 +60,7 @@ def convert_step(
             if progress is not None:
                 progress(array.nbytes)
     temp = target_dir.prepare(step)
-    annotations = (Annotations(manifest.values, manifest.dims),) if backend.shows_annotations else ()
-    files = backend.write(MPI.COMM_SELF, temp, records, blocks, *annotations)
+    files = backend.write(MPI.COMM_SELF, temp, records, blocks, Annotations(manifest.values, manifest.dims))
     point("convert.written")
     converted = replace(
         manifest,

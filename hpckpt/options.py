@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 
+def _repairable(name: str) -> bool:
+    """Whether the backend registered as ``name`` can save over a communicator ULFM repaired."""
+    return backend_class(name).capabilities.repairable_in_job
+
+
 @dataclass(frozen=True)
 class Retention:
     """Which committed steps stay: the ``keep`` newest (>= 1), plus the ``keep_best``
@@ -136,8 +141,8 @@ class Options:
                 raise ValueError(
                     f"unknown recovery {self.recovery!r}; available: {', '.join(RECOVERY_MODES)} (or None)"
                 )
-            if not self.storage.backend_type.repairable_in_job:
-                able = " or ".join(repr(name) for name in backend_names() if backend_class(name).repairable_in_job)
+            if not self.storage.backend_type.capabilities.repairable_in_job:
+                able = " or ".join(repr(name) for name in backend_names() if _repairable(name))
                 raise ValueError(
                     f"recovery='ulfm' works with backend={able} only (got backend={self.storage.backend_name!r}); "
                     "collective-I/O backends (hdf5, adios2) are not supported yet"

@@ -28,6 +28,7 @@ import numpy as np
 from .buffers.bfloat16 import BFLOAT16
 from .catalog import CheckpointReader
 from .errors import CorruptCheckpointError, InvalidStateError
+from .model.kinds import LeafKind
 from .model.leaves import Replicated
 from .model.tree import nest
 from .storage.commit import RunDirectory
@@ -51,7 +52,7 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
     """
     manifest = reader.manifest(step)
     entries: list[tuple[str, str, tuple[int, ...], Callable[[], np.ndarray]]] = []
-    kinds: dict[str, str] = {}
+    kinds: dict[str, LeafKind] = {}
     for record in sorted(manifest.tree_leaves, key=lambda r: r.path.split("/")):
         if record.encoding == "pickle":
             raise InvalidStateError(f"leaf {record.path!r} of step {step} is a pickled object: safetensors holds arrays only")
@@ -59,12 +60,12 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
         if code is None:
             raise InvalidStateError(f"leaf {record.path!r} of step {step} has dtype {np.dtype(record.dtype)}, "
                                     f"which safetensors has no type for (it holds {sorted(_NUMPY)})")  # fmt: skip
-        if record.kind == "local":
+        if record.kind == LeafKind.LOCAL:
             for block in sorted(record.blocks, key=lambda b: b.rank):
                 name = f"{record.path}/rank-{block.rank:05d}"
                 entries.append((name, code, block.shape, partial(reader.read_block, record, block, step,
                                                                  backend=manifest.backend)))  # fmt: skip
-                kinds[name] = "local"
+                kinds[name] = LeafKind.LOCAL
         else:
             entries.append((record.path, code, record.whole_shape, partial(reader.read_array, record.path, step)))
             kinds[record.path] = record.kind

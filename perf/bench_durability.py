@@ -41,7 +41,7 @@ def job(directory: str, mib: int, repeat: int) -> None:
     from mpi4py import MPI
 
     import hpckpt
-    from hpckpt.protocols import coordinated
+    from hpckpt.protocols.save import committing
     from hpckpt.storage.commit import sync_files
 
     comm = MPI.COMM_WORLD
@@ -62,7 +62,7 @@ def job(directory: str, mib: int, repeat: int) -> None:
         with hpckpt.Checkpointer(run_dir, comm=comm, backend=backend, keep=1000) as checkpointer:
             for round_index in range(repeat + 2):
                 for mode in MODES:
-                    coordinated.sync_files = syncs[mode]
+                    committing.sync_files = syncs[mode]
                     step += 1
                     comm.Barrier()
                     start = time.perf_counter()
@@ -70,7 +70,7 @@ def job(directory: str, mib: int, repeat: int) -> None:
                     elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
                     if round_index >= 2:
                         times[backend][mode].append(elapsed)
-        coordinated.sync_files = sync_files
+        committing.sync_files = sync_files
     if comm.rank == 0:
         print(json.dumps({b: {m: statistics.median(t) for m, t in modes.items()} for b, modes in times.items()}))
 

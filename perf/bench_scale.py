@@ -21,7 +21,7 @@ count runs in a child process, so its peak memory is its own. What is timed:
   without blocks, the first leader reads its shard of the base, compares, lays out the
   changed blocks and sends rank 0 what its group writes;
 - ``later save``, on every rank but 0: ``plan_digests`` of its own plan and the one
-  reduction of :func:`~hpckpt.protocols.coordinated.agree_on_layout`;
+  reduction of :func:`~hpckpt.protocols.save.agreement.agree_on_layout`;
 - ``rank 0``, every save: the sync reports it gathers, ``fill_checksums`` and the
   manifest's JSON;
 - ``restore``: rank 0 parses the manifest and cuts each rank's part of it (the blocks
@@ -69,21 +69,13 @@ from hpckpt._gc import collection_paused
 from hpckpt.checksum import ALGORITHM, text_checksum
 from hpckpt.model.boxes import check_tiling
 from hpckpt.model.delta import Delta, GroupWrites, all_group_writes, compose, group_writes, plan_delta, to_write
-from hpckpt.model.layout import (
-    AgreedLayout,
-    LeafPlan,
-    RankPlan,
-    check_groups,
-    fill_checksums,
-    merge_group,
-    merge_plans,
-    pack_plan,
-    plan_digests,
-    records_by_rank,
-)
+from hpckpt.model.group_merge import check_groups, merge_group
+from hpckpt.model.layout import AgreedLayout, fill_checksums, merge_plans, records_by_rank
 from hpckpt.model.manifest import Block, LeafRecord, Manifest, Shard, shard_bounds, shard_json
+from hpckpt.model.plans import LeafPlan, RankPlan, pack_plan, plan_digests
 from hpckpt.model.reads import BlockIndex, ReadRequest, manifest_part, shards_for
-from hpckpt.protocols.coordinated import SHARD_RANKS_ENV, own_report
+from hpckpt.protocols.save.committing import own_report
+from hpckpt.protocols.save.request import SHARD_RANKS_ENV
 from hpckpt.storage.base import BlockData
 from hpckpt.storage.bp5 import ADIOS2Backend
 from hpckpt.storage.commit import merge_sizes
@@ -335,7 +327,7 @@ def incremental_in_groups(ranks: int, records: tuple[LeafRecord, ...], headers: 
     found["delta_summaries_bytes"] = len(pickle.dumps(writes, protocol=pickle.HIGHEST_PROTOCOL)) * len(leaders)  # one each
     locations = {record.path: record.location for record in base.leaves}
 
-    def add_up() -> tuple[LeafRecord, ...]:  # as lay_out_in_groups on rank 0, every leader's summary alike
+    def add_up() -> tuple[LeafRecord, ...]:  # as MergeInGroups on rank 0, every leader's summary alike
         paths = all_group_writes([writes] * len(leaders)).paths
         placed = backend.layout([header for header in headers if header.path in paths])
         return compose(headers, placed, Delta(1, 0, {}, locations))

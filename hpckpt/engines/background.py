@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._comm import run_phase
 from ..errors import CollectiveError
 from ..protocols.background import BackgroundSaver
-from ..protocols.coordinated import SaveReport
+from ..protocols.save import SaveReport
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -13,8 +13,8 @@ from .._comm import run_phase
 from ..errors import PickleWarning, UnsafeLoadError
 from ..model.leaves import Pickled
 from ..model.tree import flatten
-from ..protocols.coordinated import SaveReport
 from ..protocols.restore import RestoreChoice, Restored
+from ..protocols.save import SaveReport
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..protocols.coordinated import LayoutMemory, SaveReport, save_coordinated
 from ..protocols.restore import RestoreChoice, Restored, list_committed_steps, restore_newest
+from ..protocols.save import LayoutMemory, SaveReport, SaveRequest, StepSaver
 from .background import BackgroundSaves, SaveHandle
 from .base import Engine
 
@@ -30,7 +30,7 @@ class CoordinatedEngine(Engine):
 
     def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
         super().__init__(control, run_dir, backend, options)
-        self.layouts = LayoutMemory()  # a later save of the same layout reuses it (protocols/coordinated.py)
+        self.layouts = LayoutMemory()  # a later save of the same layout reuses it (protocols/save/agreement.py)
 
     def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
         if not blocking:
@@ -44,12 +44,10 @@ class CoordinatedEngine(Engine):
     def commit_step(
         self, comm: MPI.Comm, step: int, state: Any, metric: float | None, base: int | None = None
     ) -> SaveReport:
-        """Write and commit ``step`` into the run directory over ``comm`` (see :func:`save_coordinated`)."""
-        retention, storage = self.options.retention, self.options.storage
-        return save_coordinated(
-            comm, self.run_dir, self.backend, step, state, retention=retention.policies(), metric=metric,
-            incremental=storage.incremental, base=base, layouts=self.layouts,
-        )  # fmt: skip
+        """Write and commit ``step`` into the run directory over ``comm`` (see :class:`StepSaver`)."""
+        saver = StepSaver(self.run_dir, self.backend, self.options.retention.policies(), self.layouts)
+        request = SaveRequest(step, metric, incremental=self.options.storage.incremental, base=base)
+        return saver.save(comm, request, state)
 
     def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:
         if self.options.recovery is not None:

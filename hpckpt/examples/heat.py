@@ -66,7 +66,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("need --n >= 3, --iters >= 0, --every >= 0 and --pace >= 0")
     if args.stop_at_iter is not None and not 0 < args.stop_at_iter < args.iters:
         parser.error(f"--stop-at-iter must be between 1 and --iters - 1 = {args.iters - 1}")
-    if args.recovery == "ulfm" and (not backend_class(args.backend).repairable_in_job or args.background):
+    repairable = backend_class(args.backend).capabilities.repairable_in_job
+    if args.recovery == "ulfm" and (not repairable or args.background):
         parser.error("--recovery ulfm works with --backend posix, without --async")
     return args
 

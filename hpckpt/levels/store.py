@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._comm import run_phase
-from ..protocols.coordinated import SaveReport, save_coordinated
 from ..protocols.restore import RestoreChoice, Restored, restore_newest
+from ..protocols.save import SaveReport, SaveRequest, StepSaver
 from ..storage.commit import RunDirectory, replace_directory
 from ..storage.names import rank_name, step_entries, step_name
 from ..storage.posix import PosixBackend
@@ -130,9 +130,8 @@ class NodeLocalStore:
         """Write this rank's step locally and its redundancy. Collective."""
         from mpi4py import MPI
 
-        report = save_coordinated(
-            MPI.COMM_SELF, self.own, self.backend, step, state, retention=(KeepNewest(self.keep),), metric=metric, complete=False
-        )
+        saver = StepSaver(self.own, self.backend, (KeepNewest(self.keep),))
+        report = saver.save(MPI.COMM_SELF, SaveRequest(step, metric, complete=False), state)
         if self.redundancy == "none":
             return report
         blob = run_phase(self.comm, f"local step {step}: pack", lambda: pack(self.own.step_path(step)))

@@ -3,10 +3,10 @@
 A block of the new step is *reused* when the base step holds a block of the same leaf
 (path, kind, dtype, global shape, encoding) written by the same rank with the same
 box and the same checksum. A reused block is not written again: its manifest entry
-is the base's, with ``location["in_step"]`` naming the committed step whose files hold
-its bytes. References always name the step that holds the bytes, never a step that
-itself refers on, so reading a block takes one hop however long the run has been
-incremental.
+is the base's, with its ``in_step`` (:meth:`~hpckpt.model.records.Block.with_in_step`)
+naming the committed step whose files hold its bytes. References always name the step
+that holds the bytes, never a step that itself refers on, so reading a block takes one
+hop however long the run has been incremental.
 
 Everything here is pure: every rank computes the same result from the same records.
 """
@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .manifest import IN_STEP, Block, LeafRecord, Manifest
+from .manifest import Manifest
+from .records import Block, LeafRecord
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Delta:
 
 def home_step(block: Block, step: int) -> int:
     """The step whose files hold ``block`` of step ``step``."""
-    return int(block.location.get(IN_STEP, step))
+    return step if block.in_step is None else block.in_step
 
 
 def referenced_steps(manifest: Manifest) -> set[int]:
@@ -66,8 +67,7 @@ def plan_delta(records: Sequence[LeafRecord], base: Manifest, backend: str, algo
             for block in record.blocks:
                 previous = old_blocks.get(block.rank)
                 if previous is not None and _same_block(block, previous):
-                    location = {**previous.location, IN_STEP: home_step(previous, base.step)}
-                    reused[(record.path, block.rank)] = replace(previous, location=location)
+                    reused[(record.path, block.rank)] = previous.with_in_step(home_step(previous, base.step))
                     locations[record.path] = old.location
     return Delta(base.step, base.delta_chain + 1, reused, locations)
 
@@ -136,7 +136,8 @@ class GroupWrites:
 
 def group_writes(written: Sequence[LeafRecord], delta: Delta | None) -> GroupWrites:
     """The summary of a group whose records to write are ``written`` (:func:`to_write`)."""
-    steps = frozenset(int(block.location[IN_STEP]) for block in delta.reused.values()) if delta is not None else frozenset()
+    reused = delta.reused.values() if delta is not None else ()
+    steps = frozenset(home_step(block, delta.base) for block in reused) if delta is not None else frozenset()
     return GroupWrites(frozenset(record.path for record in written), steps, sum(record.nbytes for record in written))
 
 

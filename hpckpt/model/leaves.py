@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidStateError
+from .kinds import LeafKind
 
 
 def _as_shape(values: Any, what: str) -> tuple[int, ...]:
@@ -49,7 +50,7 @@ def array_shape(array: Any) -> tuple[int, ...]:
 class _WholeArrayLeaf:
     """A leaf whose whole array is one block (per rank, or shared by all ranks)."""
 
-    kind = ""
+    kind: LeafKind
 
     def __init__(self, array: Any) -> None:
         self.array = array
@@ -72,7 +73,7 @@ class Local(_WholeArrayLeaf):
         different shape is a :class:`~hpckpt.errors.StateMismatchError`.
     """
 
-    kind = "local"
+    kind = LeafKind.LOCAL
     encoding: str | None = None  # how the bytes of the array are to be read ("pickle": Pickled)
 
     def __init__(self, array: Any, *, resizable: bool = False) -> None:
@@ -136,7 +137,7 @@ class Replicated(_WholeArrayLeaf):
         hdf5 backend attaches them as dimension scales, which xarray and h5netcdf show.
     """
 
-    kind = "replicated"
+    kind = LeafKind.REPLICATED
 
     def __init__(self, array: Any, *, dims: Any = None) -> None:
         super().__init__(array)
@@ -165,7 +166,7 @@ class Distributed:
         When the block does not fit inside ``global_shape`` at ``offset``.
     """
 
-    kind = "distributed"
+    kind = LeafKind.DISTRIBUTED
 
     def __init__(self, array: Any, *, global_shape: Any, offset: Any, dims: Any = None) -> None:
         self.array = array

@@ -14,7 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .boxes import Box, intersection, local_slices
-from .manifest import PACK_START, Block, LeafRecord, Manifest, stored_file
+from .kinds import LeafKind
+from .manifest import Manifest
+from .records import Block, LeafRecord, stored_file
 
 LocalSource = Callable[[int], int]  # new rank -> the writer rank whose Local blocks it takes
 
@@ -46,7 +48,7 @@ def overlaps(record: LeafRecord, box: Box) -> list[Overlap]:
         if common is None:
             continue
         found.append(Overlap(block, local_slices(common, box), local_slices(common, stored_box),
-                             exact=stored_box == box, inside=common == stored_box))  # fmt: skip
+                             exact=stored_box == box, inside=common == stored_box))
     return found
 
 
@@ -83,16 +85,16 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
     keep = request.source if request.source is not None else 0
     leaves = []
     for record in manifest.leaves:
-        if record.kind == "replicated":
+        if record.kind == LeafKind.REPLICATED:
             leaves.append(record)
             continue
-        if record.kind == "local":
+        if record.kind == LeafKind.LOCAL:
             blocks = tuple(block for block in record.blocks if block.rank == keep)
         else:
             box = request.boxes.get(record.path)
             blocks = () if box is None else index.overlapping(record, box)
-        leaves.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, record.location,
-                                 record.encoding))  # fmt: skip
+        leaves.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks,
+                                 record.location, record.encoding))
     holding = {stored_file(record, block) for record in leaves for block in record.blocks}
     files = {name: manifest.files[name] for held in holding for name in index.files_of(manifest, held)}
     return replace(manifest, leaves=tuple(leaves), files=files, shards=())
@@ -109,13 +111,14 @@ def shards_for(manifest: Manifest, requests: Sequence[ReadRequest]) -> set[str]:
     spans: dict[str, Box] = {}
     for request in requests:
         for path, box in request.boxes.items():
-            if math.prod(box[1]) and kinds.get(path) == "distributed":
+            if math.prod(box[1]) and kinds.get(path) == LeafKind.DISTRIBUTED:
                 spans[path] = _bounding(spans[path], box) if path in spans else box
     needed = set()
     for shard in manifest.shards:
         holds_source = bisect.bisect_left(sources, shard.first) < bisect.bisect_left(sources, shard.stop)
         if holds_source or any(
-            kinds.get(path) == "replicated" or (path in spans and intersection(bounds, spans[path]) is not None)
+            kinds.get(path) == LeafKind.REPLICATED
+            or (path in spans and intersection(bounds, spans[path]) is not None)
             for path, bounds in shard.bounds.items()
         ):
             needed.add(shard.file)
@@ -168,11 +171,12 @@ class BlockIndex:
 
 def is_member(block: Block) -> bool:
     """True for a packed leaf's block (``Manifest.tree_leaves``): its bytes are in a pack block."""
-    return PACK_START in block.location
+    return block.pack_start is not None
 
 
 def member_bytes(pack: np.ndarray, record: LeafRecord, block: Block) -> np.ndarray:
     """Packed ``block`` of ``record`` as an array of its dtype and shape: a view of the
     bytes ``pack`` of the pack block it is in."""
-    start = block.location[PACK_START]
+    start = block.pack_start
+    assert start is not None  # a packed leaf's block (is_member)
     return pack[start : start + block.size * record.itemsize].view(record.dtype).reshape(block.shape)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import InvalidStateError
 from .leaves import ARRAY_LEAF_TYPES
-from .manifest import RESERVED_KEY
+from .records import RESERVED_KEY
 
 PLAIN_TYPES = (bool, int, float, str, type(None))
 _RESERVED_KEYS = {"", ".", ".."}

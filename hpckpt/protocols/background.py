@@ -38,7 +38,7 @@ from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, p
 from ..buffers.host import aligned_empty, as_host_array
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
 from ..model.tree import copy_containers, flatten
-from .coordinated import SaveReport
+from .save import SaveReport
 
 if TYPE_CHECKING:
     from mpi4py import MPI

@@ -25,8 +25,8 @@ from ..storage.base import Backend
 from ..storage.commit import RunDirectory
 from ..storage.names import rank_name
 from ..storage.retention import KeepNewest
-from .coordinated import SaveReport, save_coordinated
 from .restore import restore_newest
+from .save import SaveReport, SaveRequest, StepSaver
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -58,8 +58,9 @@ class UncoordinatedRank:
         """Save and commit this rank's checkpoint ``step``. Not collective."""
         self.comm.check_quiet(step)
         tree = {"app": state, MESSAGES_KEY: self.comm.state.to_tree()}
-        report = save_coordinated(self._self, self.run_dir, self.backend, step, tree, retention=(KeepNewest(self.keep),),
-                                  protocol="uncoordinated", complete=False)  # fmt: skip
+        saver = StepSaver(self.run_dir, self.backend, (KeepNewest(self.keep),))
+        request = SaveRequest(step, protocol="uncoordinated", complete=False)
+        report = saver.save(self._self, request, tree)
         retained = self.run_dir.committed_steps()
         self.comm.committed(step, retained, self._determinants(step))
         self._remove_old_determinants(retained)

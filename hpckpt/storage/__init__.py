@@ -1,4 +1,9 @@
-"""Storage backends, registered by name; each imports its I/O library only when opened."""
+"""Storage backends, registered by name; each imports its I/O library only when opened.
+
+A backend is a subclass of :class:`~hpckpt.storage.base.Backend` (the contract is in
+:mod:`hpckpt.storage.base`, the tests it passes in :mod:`hpckpt.testing.conformance`);
+:func:`register_backend` makes it available by name to ``Checkpointer(backend=...)``.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, BlockData
+from .base import Annotations, Backend, BlockData, Capabilities, Encoded, GroupLayout
 
 if TYPE_CHECKING:
     from .lustre import Striping
@@ -103,4 +108,15 @@ register_backend("hdf5", _hdf5)
 register_backend("adios2", _adios2)
 register_backend("posix", _posix)
 
-__all__ = ["Backend", "BlockData", "backend_class", "backend_names", "open_backend", "register_backend"]
+__all__ = [
+    "Annotations",
+    "Backend",
+    "BlockData",
+    "Capabilities",
+    "Encoded",
+    "GroupLayout",
+    "backend_class",
+    "backend_names",
+    "open_backend",
+    "register_backend",
+]

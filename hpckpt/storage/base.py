@@ -1,40 +1,66 @@
 """The storage interface: where and how the bytes of a step go.
 
 A backend knows nothing of protocols; it stores and fetches *blocks*: the part of a
-leaf one rank wrote (see :class:`~hpckpt.model.manifest.Block`). Per saved step the
-protocol calls:
+leaf one rank wrote (see :class:`~hpckpt.model.manifest.Block`). A backend derives from
+:class:`Backend`, implements its three abstract methods and declares its
+:class:`Capabilities`; one that lays a step out in groups of ranks also implements
+:class:`GroupLayout`. Per saved step the protocol calls:
 
-1. ``layout(records)`` on every rank (pure, no I/O): the records with the backend's
-   ``location`` filled in for each leaf and, where the backend needs it, each block;
-   every rank computes the same layout from the same records;
-2. ``write(comm, directory, records, blocks, annotations)`` on every rank together (collective),
-   into the step's temporary directory, which exists when it is called. ``blocks``
-   are the blocks this process writes: with more than one rank, each rank passes its
-   own block of every distributed and local leaf (empty ones included) and rank 0 the
-   replicated ones; a single process (``hpckpt convert``) may pass every block.
-   Returns every file name of the step (relative to ``directory``); then each rank
-   fsyncs ``written_files(files, rank, size)``, the files it may have written.
-   ``annotations`` (the plain values, the axis names) are passed only to a backend
-   that declares ``shows_annotations`` (it shows them to other tools in its files);
-   the manifest holds them in any case.
+1. ``encode(path, array)`` on every rank, for each block it stores, before the layout
+   (not collective): the bytes stored (compression) and what reading them gives back;
+2. ``layout(records)`` (pure, no I/O): the records with the backend's ``location``
+   filled in for each leaf and, where the backend needs it, each block. Rank 0 lays
+   out every rank's records, or, with a :class:`GroupLayout`, each group's leader its
+   group's; every rank of a step gets the same locations;
+3. ``parts(records, ranks)`` on the rank that laid them out: what each rank passes to
+   ``write``;
+4. ``write(comm, directory, records, blocks, annotations)`` on every rank together
+   (collective), into the step's temporary directory, which exists when it is called.
+   ``blocks`` are the blocks this process writes: with more than one rank, each rank
+   passes its own block of every distributed and local leaf (empty ones included) and
+   its chunk of the replicated ones; a single process (``hpckpt convert``) may pass
+   every block. It returns file names relative to ``directory``: at least those this
+   rank wrote (rank 0: those of every record it passed). ``annotations`` (the plain values,
+   the axis names) are for a backend that shows them to other tools in its files; the
+   manifest holds them in any case, so other backends ignore them;
+5. ``written_files(files, rank, size)`` on every rank: the files it fsyncs before the
+   commit (the backend itself need not fsync), and ``metadata_files(files)`` on rank 0:
+   the files the commit checksums whole.
 
 and per restored step:
 
-3. ``read(directory, requests, landed)`` on each rank independently, whole stored
-   blocks only; a missing file, variable or dataset raises ``KeyError`` or ``OSError``.
-   ``landed(request, n)``, when given, is called each time the first ``n`` bytes of a
-   request's array are in place (in increasing order), so that the reader can
-   checksum them while the rest is read.
+6. ``read(directory, requests, landed)`` on each rank independently, whole stored
+   blocks only; a missing file, variable or dataset raises ``KeyError`` or ``OSError``,
+   damaged contents ``OSError``, ``KeyError`` or ``ValueError`` (restore then falls
+   back to an older step). ``landed(request, n)``, when given, is called each time the
+   first ``n`` bytes of a request's array are in place (in increasing order), so that
+   the reader can checksum them while the rest is read.
 
-Backends derive from :class:`Backend`, which declares their optional capabilities.
+The capabilities (all off unless a backend declares them) are:
+
+- ``writes_in_place``: ``write`` overwrites files that already exist in the step
+  directory without truncating them first (and cuts them to size after), so retention
+  recycles a deleted step's files for the next save (storage/commit.py);
+- ``collective_write``: ``write`` makes collective calls inside the I/O library
+  (ADIOS2's aggregation); the protocol first waits, under the watchdog, for every rank
+  to arrive, so a rank that never joins is named (hpckpt/_comm.py);
+- ``shows_annotations``: ``write`` shows the step's :class:`Annotations` to other tools
+  in its files (hdf5);
+- ``repairable_in_job``: a save can be repeated over a communicator that in-job
+  recovery (ULFM) repaired; the backend's library keeps no collective state across
+  saves (``recovery="ulfm"`` needs it).
+
+:mod:`hpckpt.testing.conformance` holds the tests every backend passes. docs/backends.md
+walks through writing one.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -79,73 +105,89 @@ NO_ANNOTATIONS = Annotations()
 Landed = Callable[[BlockData, int], None]  # (request, bytes of its array now in place from the start)
 
 
-class Backend:
-    """The base class of every storage backend (see the module docstring for call order).
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend's ``write`` does beyond the contract (see the module docstring):
+    ``writes_in_place``, ``collective_write``, ``shows_annotations`` and
+    ``repairable_in_job``, all off by default."""
 
-    A backend sets ``name`` and implements ``layout``, ``write`` and ``read``; the
-    capabilities below are off unless it declares them:
-
-    - ``writes_in_place = True``: ``write`` overwrites files that already exist in the
-      step directory without truncating them first (and cuts them to size after), so
-      retention recycles a deleted step's files for the next save (storage/commit.py);
-    - ``collective_write = True``: ``write`` makes collective calls inside the I/O
-      library (ADIOS2's aggregation); the protocol first waits, under the watchdog, for
-      every rank to arrive, so a rank that never joins is named (hpckpt/_comm.py);
-    - ``shows_annotations = True``: ``write`` takes a fifth argument, the step's
-      :class:`Annotations`, and shows them to other tools in its files (hdf5);
-    - ``repairable_in_job = True``: a save can be repeated over a communicator that
-      in-job recovery (ULFM) repaired; the backend's library keeps no collective
-      state across saves (recovery="ulfm" needs it);
-    - ``striped_options(striping, options)``: the backend's options tuned for the
-      Lustre striping of the step directories (storage/lustre.py), where not given;
-    - ``encode(path, array) -> Encoded``: the bytes stored for a block of leaf ``path``
-      (compression), called on each rank before the layout; ``layout`` then finds each
-      block's size and codec in ``block.location["stored_bytes"]`` and ``["codec"]``,
-      and ``read`` decodes (see storage/posix.py). None: blocks are stored as they are;
-    - ``stores_exactly(path)``: False where ``encode`` is lossy for leaf ``path``, whose
-      small Local blocks are then not packed with others (model/layout.py).
-    """
-
-    name: str = ""
-    lays_out_in_groups: bool = False  # see layout()
     writes_in_place: bool = False
     collective_write: bool = False
     shows_annotations: bool = False
     repairable_in_job: bool = False
-    encode: Callable[[str, np.ndarray], Encoded] | None = None
+
+
+ExtentT = TypeVar("ExtentT")
+StartT = TypeVar("StartT")
+
+
+@runtime_checkable
+class GroupLayout(Protocol[ExtentT, StartT]):
+    """A backend that lays a step out in groups of consecutive ranks: each group's
+    leader lays out its group's blocks, placed as in a layout of all ranks
+    (model/layout.py ``merge_group``), so that no rank handles every block.
+
+    The leaders send rank 0 each group's :meth:`group_extent` (``ExtentT``, small);
+    rank 0 turns them into each group's ``start`` (``StartT``) with :meth:`group_starts`
+    and sends them back; each leader then calls ``layout(records, start)``. A backend
+    without it is laid out whole by rank 0. ``isinstance(backend, GroupLayout)`` tells.
+    """
+
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> ExtentT:
+        """What the blocks of a group's ``records`` (a leader's, merged from the plans of
+        its ``ranks``) take up, for the groups after it. Pure; called by each leader."""
+        ...
+
+    def group_starts(self, extents: Sequence[ExtentT], headers: Sequence[LeafRecord]) -> list[StartT]:
+        """Each group's ``start`` for :meth:`layout`, from every group's
+        :meth:`group_extent` in rank order. Rank 0, whose group is first, lays out the
+        step's ``headers`` (every record, without blocks) with its own start. Pure;
+        called by rank 0."""
+        ...
+
+    def layout(self, records: Sequence[LeafRecord], start: StartT | None = None) -> tuple[LeafRecord, ...]:
+        """``records`` laid out; with a group's ``start``, ``records`` hold the blocks
+        of that group's ranks only, placed as in a layout of all ranks. Pure."""
+        ...
+
+
+class Backend(ABC):
+    """The base class of every storage backend (see the module docstring for call order).
+
+    A backend sets ``name`` (the name it is registered under, recorded in manifests)
+    and ``capabilities``, and implements :meth:`layout`, :meth:`write` and :meth:`read`.
+    The other methods have defaults that suit a backend storing each block as it is.
+    """
+
+    name: str = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     @classmethod
     def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
-        """``options`` with this backend's defaults for ``striping`` filled in where not
-        given. Pure. Default: unchanged."""
+        """``options`` with this backend's defaults for the Lustre ``striping`` of the
+        step directories (storage/lustre.py) filled in where not given. Pure; called on
+        every rank before the backend is made. Default: unchanged."""
         return dict(options)
 
+    def encode(self, path: str, array: np.ndarray) -> Encoded:
+        """The bytes stored for ``array``, a block of leaf ``path`` (compression). Not
+        collective; called on each rank before the layout. :meth:`layout` then finds an
+        encoded block's size and codec in ``block.location["stored_bytes"]`` and
+        ``["codec"]``, and :meth:`read` decodes (see storage/posix.py). Default: the
+        array as it is."""
+        return Encoded(array, None, array)
+
     def stores_exactly(self, path: str) -> bool:
-        """Whether a restore gives back leaf ``path``'s bytes exactly. Pure. Default: True."""
+        """Whether a restore gives back leaf ``path``'s bytes exactly: False where
+        :meth:`encode` is lossy for it, whose small Local blocks are then not packed
+        with others (model/layout.py). Pure. Default: True."""
         return True
 
-    def layout(self, records: Sequence[LeafRecord], start: Any = None) -> tuple[LeafRecord, ...]:
-        """``records`` with their storage locations filled in. Pure and deterministic.
-
-        Where :attr:`lays_out_in_groups`, ``records`` may hold the blocks of a group of
-        consecutive ranks only (a leader's, see model/layout.py ``merge_group``), and
-        ``start``, the group's from :meth:`group_starts`, says where the blocks of the
-        ranks before it end. The blocks are placed as in a layout of all ranks.
-        """
-        raise NotImplementedError
-
-    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> Any:
-        """What the blocks of a group's ``records`` (a leader's, merged from the plans of
-        its ``ranks``) take up, for the groups after it: small, sent to rank 0. Pure.
-        Default: None (no block's place depends on another group's)."""
-        return None
-
-    def group_starts(self, extents: Sequence[Any], headers: Sequence[LeafRecord]) -> list[Any]:
-        """Each group's ``start`` for :meth:`layout`, from every group's
-        :meth:`group_extent` in rank order (rank 0, whose group is first, lays out the
-        step's ``headers``, the records it writes without blocks, with its own; it may
-        say what the whole step takes). Pure. Default: None for each."""
-        return [None] * len(extents)
+    @abstractmethod
+    def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
+        """``records`` with their storage locations filled in. Pure and deterministic:
+        the same records give the same layout on any rank. Called by the rank that lays
+        out the step (rank 0, unless a :class:`GroupLayout`)."""
 
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
         """What each rank of ``ranks`` passes to :meth:`write` as its ``records``, of the
@@ -153,26 +195,38 @@ class Backend:
         computed once per layout. Default: every record, with only that rank's blocks."""
         return records_by_rank(records, ranks)
 
+    @abstractmethod
     def write(
-        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+        self,
+        comm: MPI.Comm,
+        directory: Path,
+        records: Sequence[LeafRecord],
+        blocks: Sequence[BlockData],
+        annotations: Annotations = NO_ANNOTATIONS,
     ) -> list[str]:
-        """Write ``blocks``; return the step's file names. Collective over ``comm``: rank 0
-        passes every laid-out record, another rank its part (:meth:`parts`). (A backend
-        that ``shows_annotations`` takes the step's :class:`Annotations` too.)"""
-        raise NotImplementedError
+        """Write ``blocks`` into ``directory``; return the step's file names (relative).
 
+        Collective over ``comm``: rank 0 passes every laid-out record, another rank its
+        part (:meth:`parts`). ``annotations`` are the step's plain values and axis names,
+        for a backend that ``shows_annotations``; others ignore them. The protocol makes
+        the files durable (:meth:`written_files`).
+        """
+
+    @abstractmethod
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
-        """Fill each request's ``array`` with its stored block (``landed``: see the module).
-        Independent, per rank."""
-        raise NotImplementedError
+        """Fill each request's ``array`` with its stored block, reporting the bytes in
+        place to ``landed`` (see the module). Independent, per rank: no collective
+        calls, so a rank that fails while reading cannot leave others waiting."""
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that rank ``rank`` of ``size``
-        may have written: it makes them durable before the commit. Pure. Default: all."""
+        may have written: it makes them durable before the commit. Pure; called on
+        every rank. Default: all."""
         return list(files)
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that the library parses but no
         block checksum covers (indexes, metadata). The commit checksums them whole and
-        restore checks them before the library opens the step. Pure. Default: none."""
+        restore checks them before the library opens the step. Pure; called on rank 0.
+        Default: none."""
         return []

@@ -34,14 +34,14 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from ..model.layout import running_totals
 from ..model.manifest import Block, LeafRecord
 from .adios2_c import BP5File, BP5Step
-from .base import Backend, BlockData, Landed
+from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -52,6 +52,8 @@ DIRECTORY_NAME = "data.bp"
 READ_SLAB = 16 << 20  # bytes per read of a global box: under glibc's 32 MiB mmap threshold, so reused
 _DATA_FILE = re.compile(r"^data\.\d+$")
 DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off", "AggregationType": "EveryoneWrites", "StatsLevel": "0"}
+ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
+ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
 _NATIVE_TYPES = {
     np.dtype(name)
     for name in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
@@ -102,7 +104,7 @@ def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], 
     return shape, start, count
 
 
-class ADIOS2Backend(Backend):
+class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
     """ADIOS2 BP5 storage (see the module docstring for the layout).
 
     Parameters
@@ -113,12 +115,15 @@ class ADIOS2Backend(Backend):
         :data:`DEFAULT_PARAMETERS`; values are strings, as ADIOS2 takes them.
     engine
         The ADIOS2 engine (default ``BP5``).
+
+    Laid out in groups: a group's Local blocks are numbered after the earlier groups'
+    (:meth:`group_starts`). Writes in place (a recycled ``data.bp/`` is written into, see
+    :meth:`write`) and collectively (the aggregators gather the other ranks' data and
+    metadata).
     """
 
     name = "adios2"
-    lays_out_in_groups = True  # a group's Local blocks are numbered after the earlier groups' (group_starts)
-    writes_in_place = True  # a recycled data.bp/ is written into (see write)
-    collective_write = True  # the aggregators gather the other ranks' data and metadata
+    capabilities = Capabilities(writes_in_place=True, collective_write=True)
 
     @classmethod
     def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,7 +136,9 @@ class ADIOS2Backend(Backend):
         self.engine = engine
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
 
-    def layout(self, records: Sequence[LeafRecord], start: Mapping[str, int] | None = None) -> tuple[LeafRecord, ...]:
+    def layout(
+        self, records: Sequence[LeafRecord], start: ADIOS2Start | None = None
+    ) -> tuple[LeafRecord, ...]:
         """Variables are named by leaf path; local blocks get their ADIOS2 block id: their
         index among the blocks holding bytes, in rank order (after the ``start`` of a
         group's, per Local leaf)."""
@@ -154,22 +161,30 @@ class ADIOS2Backend(Backend):
             )
         return tuple(placed)
 
-    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> dict[str, int]:
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> ADIOS2Extent:
         """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
         return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == "local"}
 
-    def group_starts(self, extents: Sequence[Mapping[str, int]], headers: Sequence[LeafRecord]) -> list[dict[str, int]]:
+    def group_starts(
+        self, extents: Sequence[ADIOS2Extent], headers: Sequence[LeafRecord]
+    ) -> list[ADIOS2Start]:
         """Per group, per Local leaf: the blocks holding bytes before it (its first block id)."""
         return running_totals(extents)[0]
 
     def write(
-        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+        self,
+        comm: MPI.Comm,
+        directory: Path,
+        records: Sequence[LeafRecord],
+        blocks: Sequence[BlockData],
+        annotations: Annotations = NO_ANNOTATIONS,
     ) -> list[str]:
         """Put every non-empty block in one BP5 step and close it. Collective over ``comm``.
 
         Through ADIOS2's C API (:mod:`hpckpt.storage.adios2_c`), which releases the
         GIL in every call, so a save in a background thread cannot deadlock with the
-        application's own MPI calls.
+        application's own MPI calls. ``annotations`` are not shown (the manifest holds
+        them).
 
         A process writing several blocks of one local leaf (``hpckpt convert``) must
         pass them in rank order, so block ids match the layout.

@@ -38,7 +38,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from .._comm import await_everyone
 from ..model.layout import running_totals
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Landed
+from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 from .positioned import read_into
 
 if TYPE_CHECKING:
@@ -60,6 +60,9 @@ LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in t
 PER_RANK = "per_rank"  # block location key: the block is a dataset of its own
 START = "start"  # block location key: a concatenated block's first element (Local leaves, partial arrays)
 ELEMENTS = "elements"  # leaf location key: the length of a concatenated leaf's dataset
+HDF5Extent: TypeAlias = dict[str, int]  # a group's: per Local and distributed leaf, its blocks' elements
+# a group's start: per concatenated leaf, the elements of the earlier groups' blocks and of every group's
+HDF5Start: TypeAlias = dict[str, tuple[int, int]]
 
 
 def _h5py() -> Any:
@@ -76,7 +79,7 @@ def rank_dataset_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-class HDF5Backend(Backend):
+class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
     """Parallel HDF5 storage (see the module docstring for the file layout).
 
     Parameters
@@ -94,12 +97,14 @@ class HDF5Backend(Backend):
     direct_io
         Write whole pages of large blocks with direct I/O (default), the rest through
         the page cache (:mod:`hpckpt.storage.direct`); False: everything buffered.
+
+    Laid out in groups: a group's Local blocks start after the earlier groups' elements
+    (:meth:`group_starts`). Shows the annotations: plain values as root attributes, axis
+    names as dimension scales.
     """
 
     name = "hdf5"
-    lays_out_in_groups = True  # a group's Local blocks start after the earlier groups' elements (group_starts)
-    writes_in_place = True
-    shows_annotations = True  # plain values as root attributes, axis names as dimension scales
+    capabilities = Capabilities(writes_in_place=True, shows_annotations=True)
 
     @classmethod
     def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,20 +124,18 @@ class HDF5Backend(Backend):
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
         self.direct_io = bool(direct_io)
 
-    def layout(self, records: Sequence[LeafRecord], start: Mapping[str, tuple[int, int]] | None = None) -> tuple[LeafRecord, ...]:
+    def layout(self, records: Sequence[LeafRecord], start: HDF5Start | None = None) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset of its path; a block of a Local
         leaf or of a partial array at its first element there (after the ``start`` of a
         group's, which names those leaves: per leaf, the elements of the earlier groups'
         blocks and of every rank's)."""
         return tuple(_placed(record, start) for record in records)
 
-    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> dict[str, int]:
+    def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> HDF5Extent:
         """Per Local and distributed leaf, the elements of the group's blocks."""
         return {record.path: sum(block.size for block in record.blocks) for record in records if record.kind != "replicated"}
 
-    def group_starts(
-        self, extents: Sequence[Mapping[str, int]], headers: Sequence[LeafRecord]
-    ) -> list[dict[str, tuple[int, int]]]:
+    def group_starts(self, extents: Sequence[HDF5Extent], headers: Sequence[LeafRecord]) -> list[HDF5Start]:
         """Per group, per leaf whose blocks are concatenated: the elements before it,
         and every rank's. Those are the Local leaves and the partial arrays: distributed
         leaves whose blocks, added up over the groups, do not fill them (an incremental
@@ -224,7 +227,7 @@ class HDF5Backend(Backend):
     def _create(self, h5: Any, record: LeafRecord) -> Any:
         """Create the dataset of laid-out ``record``; its id."""
         dataset_id = _new_dataset(h5.id, record.path, _dataset_shape(record), np.dtype(record.dtype))
-        self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = record.kind
+        self._h5py.Dataset(dataset_id).attrs["hpckpt_kind"] = str(record.kind)
         return dataset_id
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:

@@ -44,7 +44,7 @@ from .._checks import require_count
 from ..model.layout import records_by_rank
 from ..model.manifest import Block, LeafRecord
 from . import codec, direct
-from .base import Backend, BlockData, Encoded, Landed
+from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, Encoded, GroupLayout, Landed
 from .positioned import read_into
 
 if TYPE_CHECKING:
@@ -96,14 +96,15 @@ def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRec
             yield block.rank, record, block
 
 
-class PosixBackend(Backend):
-    """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module)."""
+class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
+    """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module).
+
+    Laid out in groups: a group's segments start after the earlier groups' in a shared
+    file (:meth:`group_starts`).
+    """
 
     name = "posix"
-    lays_out_in_groups = True  # a group's segments start after the earlier groups' in a shared file (group_starts)
-    writes_in_place = True
-
-    repairable_in_job = True
+    capabilities = Capabilities(writes_in_place=True, repairable_in_job=True)
 
     @classmethod
     def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,13 +254,19 @@ class PosixBackend(Backend):
         return records_by_rank(records, ranks, lambda rank: rank // self.ranks_per_file)
 
     def write(
-        self, comm: MPI.Comm, directory: Path, records: Sequence[LeafRecord], blocks: Sequence[BlockData]
+        self,
+        comm: MPI.Comm,
+        directory: Path,
+        records: Sequence[LeafRecord],
+        blocks: Sequence[BlockData],
+        annotations: Annotations = NO_ANNOTATIONS,
     ) -> list[str]:
         """Write ``blocks`` at their offsets (the sync phase fsyncs them).
 
         Collective over ``comm`` only in that every rank returns the same file list;
         no messages are exchanged. Each rank creates its own file even when its
-        segment is empty, so every listed file exists.
+        segment is empty, so every listed file exists. ``annotations`` are not shown
+        (the manifest holds them).
         """
         if self._files is None or self._files[0] is not records:  # a reused layout is walked once
             self._files = (records, _world_size(records), _file_ends(records))

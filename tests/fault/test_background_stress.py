@@ -10,13 +10,14 @@ import sys
 
 import pytest
 
+from tests.helpers import BACKENDS
 from tests.processes import run_group
 
 SAVES = 150
 STRESS_TIMEOUT = 120
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_non_blocking_saves_between_application_collectives_never_hang(tmp_path, backend):
     command = ["mpiexec", "-n", "2", sys.executable, "-m", "tests.jobs.background_stress", str(tmp_path / "run"),
                backend, str(SAVES), "7"]  # fmt: skip

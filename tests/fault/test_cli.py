@@ -9,12 +9,11 @@ import sys
 import pytest
 
 from hpckpt.progress import ProgressLine
-from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
+from tests.fault.helpers import JOB_TIMEOUT, heat_command, run
 from tests.fault.test_interop import RANKS, save_known_state
+from tests.helpers import BACKENDS
 from tests.jobs.save_known_state import COLS, expected, rows_of
 from tests.processes import run_group, started_group
-
-BACKENDS = ["hdf5", "adios2", "posix"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hpckpt.storage.commit import RunDirectory
-from tests.fault.conftest import heat_command, run
+from tests.fault.helpers import heat_command, run
 from tests.fault.test_cli import cli
 from tests.fault.trials import first_attempt, logged_fault, newest_committed
 from tests.processes import run_group

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import BACKENDS
 from tests.processes import run_group, started_group
 
 PARTS = 2
@@ -43,7 +44,7 @@ def run_parts(backend: str, tmp_path: Path) -> list[dict]:
     return [json.loads(report.read_text()) for report in reports]
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix", "posix-blosc2"])
+@pytest.mark.parametrize("backend", [*BACKENDS, "posix-blosc2"])
 def test_every_damaged_byte_or_cut_falls_back_or_restores_exactly(backend, tmp_path):
     reports = run_parts(backend, tmp_path)
     failures = [failure for report in reports for failure in report["failures"]]

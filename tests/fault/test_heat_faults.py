@@ -10,12 +10,12 @@ import random
 import pytest
 
 from hpckpt.catalog import CheckpointReader
-from tests.fault.conftest import heat_command, relaunched, run
+from tests.fault.helpers import heat_command, relaunched, run
 from tests.fault.trials import first_attempt, newest_committed
+from tests.helpers import BACKENDS
 
 RANKS = 4
 SAVE_POINTS = ("save.plan", "save.write", "save.commit", "save.retain")
-BACKENDS = ("hdf5", "adios2", "posix")
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -23,7 +23,8 @@ def test_sigkill_at_random_moments_resumes_from_the_newest_committed_step(seed, 
     rng = random.Random(seed)
     run_dir = tmp_path / "ckpt"
     mode = ("save-point", "iteration", "external")[seed % 3]
-    command = heat_command(RANKS, run_dir, "--backend", BACKENDS[seed // 3 % 3])  # seeds 0-8: every mode x backend
+    backend = BACKENDS[seed // 3 % len(BACKENDS)]  # seeds 0-8: every mode x backend
+    command = heat_command(RANKS, run_dir, "--backend", backend)
     if mode == "save-point":
         fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)
@@ -64,7 +65,7 @@ def test_error_in_commit_on_one_rank_reaches_every_rank(tmp_path, reference_chec
     assert result.resumed_from == "40" and result.failed_attempts == 1
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_resuming_on_fewer_ranks_matches_the_reference(tmp_path, reference_98, backend):
     """4 ranks for the first half, 3 ranks to 3/4, then 2 ranks to the end (all uneven rows but 2)."""
     run_dir = tmp_path / backend
@@ -83,7 +84,7 @@ def test_sigkill_with_non_blocking_saves_resumes_from_the_newest_committed_step(
     """Kills while the background thread writes or commits a step."""
     rng = random.Random(500 + seed)
     run_dir = tmp_path / "ckpt"
-    command = heat_command(RANKS, run_dir, "--async", "--backend", BACKENDS[seed % 3])
+    command = heat_command(RANKS, run_dir, "--async", "--backend", BACKENDS[seed % len(BACKENDS)])
     if seed % 2 == 0:
         fault = f"{rng.choice(SAVE_POINTS[1:])}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)

@@ -16,10 +16,10 @@ import sys
 import pytest
 
 from hpckpt.catalog import CheckpointReader
-from tests.fault.conftest import relaunched, run
+from tests.fault.helpers import relaunched, run
 from tests.fault.trials import first_attempt, newest_committed
+from tests.helpers import BACKENDS
 
-BACKENDS = ("hdf5", "adios2", "posix")
 SAVE_PHASES = ("save.plan", "save.write", "save.commit", "save.retain")
 DONE = re.compile(r"^frozen: done steps=(\d+) resumed_from=(\w+) checksum=([0-9a-f]{64})$", re.MULTILINE)
 

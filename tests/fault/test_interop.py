@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.fault.conftest import JOB_TIMEOUT
+from tests.fault.helpers import JOB_TIMEOUT
+from tests.helpers import BACKENDS
 from tests.jobs.save_known_state import COLS, ROWS, expected
 from tests.processes import run_group
 
@@ -146,7 +147,7 @@ def test_h5dump_reads_the_global_field(tmp_path):
     assert values.tobytes() == expected(RANKS)["field"].ravel().tobytes()
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_checkpoint_reader_assembles_arrays_and_local_blocks(tmp_path, backend):
     import hpckpt
 

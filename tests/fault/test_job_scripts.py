@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.fault.conftest import JOB_TIMEOUT, Finished
+from tests.fault.helpers import JOB_TIMEOUT
+from tests.heat_output import Finished
 from tests.processes import run_group, started_group
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"

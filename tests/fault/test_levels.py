@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.fault.conftest import heat_command, relaunched, run
+from tests.fault.helpers import heat_command, relaunched, run
 from tests.processes import run_group
 
 NODE = {"HPCKPT_RANKS_PER_NODE": "2"}

@@ -11,13 +11,14 @@ import sys
 import h5py
 import pytest
 
-from tests.fault.conftest import JOB_TIMEOUT
+from tests.fault.helpers import JOB_TIMEOUT
+from tests.helpers import BACKENDS
 from tests.processes import run_group
 
 MIB = 1 << 20
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "posix", "adios2"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_striped_save_sets_stripes_and_alignment(tmp_path, backend):
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fault.conftest import heat_command, relaunched, run
+from tests.fault.helpers import heat_command, relaunched, run
+from tests.helpers import BACKENDS
 
-BACKENDS = ("hdf5", "adios2", "posix")
 PROTOCOLS = ("coordinated", "uncoordinated")
 SAVE_PHASES = ("save.plan", "save.write", "save.commit", "save.retain")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpckpt.storage.lock import RunLock
-from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
+from tests.fault.helpers import JOB_TIMEOUT, heat_command, run
+from tests.helpers import BACKENDS
 from tests.processes import run_group
 
 
@@ -62,7 +63,7 @@ def fill(run_dir: Path, backend: str, ranks: int = 4) -> subprocess.CompletedPro
     return run_group(command, timeout=JOB_TIMEOUT)
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_disk_full_is_a_clear_error_on_every_rank_and_the_previous_step_survives(small_fs, backend):
     """Steps of 1.1 MiB on 3 MiB: step 1 fits, step 2 does not."""
     run_dir = small_fs / "run"

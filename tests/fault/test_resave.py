@@ -14,7 +14,7 @@ import pytest
 
 from hpckpt.catalog import CheckpointReader
 from hpckpt.storage.commit import RunDirectory
-from tests.fault.conftest import heat_command, run
+from tests.fault.helpers import heat_command, run
 
 STEP = 60
 

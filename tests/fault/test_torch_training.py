@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.conftest import JOB_TIMEOUT, relaunched
+from tests.fault.helpers import JOB_TIMEOUT, relaunched
 from tests.processes import run_group
 
 pytest.importorskip("torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)")

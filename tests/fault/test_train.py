@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from tests.fault.conftest import relaunched, run
-from tests.fault.test_heat_faults import BACKENDS, RANKS, SAVE_POINTS
+from tests.fault.helpers import relaunched, run
+from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
 from tests.fault.trials import first_attempt, newest_committed
+from tests.helpers import BACKENDS
 
 TRAIN_DONE = re.compile(r"^train: done steps=(\d+) resumed_from=([\w,]+) loss=(\S+) checksum=([0-9a-f]{64})$", re.M)
 
@@ -39,7 +40,7 @@ def test_random_kills_resume_training_from_the_newest_committed_step(seed, tmp_p
     rng = random.Random(3000 + seed)
     run_dir = tmp_path / "ckpt"
     mode = ("save-point", "step", "external")[seed % 3]
-    command = train_command(RANKS, run_dir, "--backend", BACKENDS[seed % 3])
+    command = train_command(RANKS, run_dir, "--backend", BACKENDS[seed % len(BACKENDS)])
     if mode == "save-point":
         fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)

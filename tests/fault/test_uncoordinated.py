@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from tests.fault.conftest import JOB_TIMEOUT, heat_command, run
+from tests.fault.helpers import JOB_TIMEOUT, heat_command, run
 from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
 from tests.fault.trials import first_attempt, newest_committed_per_rank
+from tests.helpers import BACKENDS
 from tests.processes import run_group
 
-BACKENDS = ("posix", "hdf5", "adios2")
 APP_DONE = re.compile(r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M)
 
 
@@ -33,7 +33,7 @@ def test_random_kills_resume_from_each_ranks_newest_committed_checkpoint(seed, t
     rng = random.Random(1000 + seed)
     run_dir = tmp_path / "ckpt"
     mode = ("save-point", "iteration", "external")[seed % 3]
-    command = uncoordinated(run_dir, "--backend", BACKENDS[seed // 3 % 3])
+    command = uncoordinated(run_dir, "--backend", BACKENDS[seed // 3 % len(BACKENDS)])
     if mode == "save-point":
         fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(2, 11)}"
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)
@@ -69,7 +69,7 @@ def app_reference(tmp_path_factory) -> str:
 def test_any_source_and_collectives_recover_consistently(seed, tmp_path, app_reference):
     rng = random.Random(2000 + seed)
     run_dir = tmp_path / "ckpt"
-    command = app_command(run_dir, "--backend", BACKENDS[seed % 3])
+    command = app_command(run_dir, "--backend", BACKENDS[seed % len(BACKENDS)])
     if seed % 2:
         first_attempt(command, tmp_path, RANKS, rng)
     else:

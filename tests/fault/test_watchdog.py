@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.fault.conftest import heat_command, run
+from tests.fault.helpers import heat_command, run
 from tests.processes import run_group
 
 DEADLINE = 3  # HPCKPT_PHASE_TIMEOUT for these jobs, seconds

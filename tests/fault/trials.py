@@ -16,7 +16,8 @@ from pathlib import Path
 from hpckpt.storage.commit import RunDirectory
 from hpckpt.testing.faults import ENV as FAULT_ENV
 from hpckpt.testing.faults import LOG_ENV
-from tests.fault.conftest import JOB_TIMEOUT, Finished, run
+from tests.fault.helpers import JOB_TIMEOUT, run
+from tests.heat_output import Finished
 from tests.processes import started_group
 
 TRIAL_ENV = "HPCKPT_TRIAL"  # tags the processes of one trial, for the external kill to find

@@ -36,14 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from tests.helpers import BACKEND_VARIANTS
+
 CHECK_SECONDS = 20  # a check that takes longer is a hang: faulthandler ends the process
 _MASKS = (0x01, 0x80, 0xFF, 0x10, 0x04, 0x40, 0x02, 0x20, 0x08)  # the byte is XORed with one, by position
-BACKENDS: dict[str, dict[str, Any]] = {
-    "hdf5": {"backend": "hdf5"},
-    "adios2": {"backend": "adios2"},
-    "posix": {"backend": "posix"},
-    "posix-blosc2": {"backend": "posix", "backend_options": {"compression": "blosc2"}},
-}
 
 
 def state_of(value: float) -> dict[str, Any]:
@@ -164,7 +160,7 @@ def save(name: str, run_dir: Path) -> None:
     """Save step 1 and step 2 of the known state into ``run_dir``."""
     import hpckpt
 
-    with hpckpt.Checkpointer(run_dir, **BACKENDS[name]) as checkpointer:
+    with hpckpt.Checkpointer(run_dir, **BACKEND_VARIANTS[name]) as checkpointer:
         checkpointer.save(1, state_of(1.0))
         checkpointer.save(2, state_of(2.0))
 
@@ -176,7 +172,7 @@ def main() -> None:
     name, saved, report_path = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
     stride = int(sys.argv[5])
     part, parts = (int(number) for number in sys.argv[6].split("/"))
-    options = BACKENDS[name]
+    options = BACKEND_VARIANTS[name]
     run_dir = Path(str(report_path) + ".run")  # this process's copy: it damages its files
     shutil.copytree(saved, run_dir)
     step_dir = run_dir / "step-00000002"

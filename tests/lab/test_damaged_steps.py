@@ -18,7 +18,8 @@ import pytest
 
 from hpckpt.storage.commit import RunDirectory
 from tests.heat_output import Finished
-from tests.lab.conftest import heat
+from tests.helpers import BACKENDS
+from tests.lab.helpers import heat
 from tests.processes import run_group
 
 CHECK_TIMEOUT = 20
@@ -45,7 +46,7 @@ def check(*command: str) -> subprocess.CompletedProcess:
     return run_group([sys.executable, *command], timeout=CHECK_TIMEOUT)
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_damaged_files_are_refused_by_every_reader_and_restore_falls_back(lab, heat_reference, backend):
     options = ["--backend", backend, "--keep", "5"]
     first = lab.run(lab.mpiexec(heat("ckpt", *options, "--stop-at-iter", str(STEP))))

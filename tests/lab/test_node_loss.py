@@ -17,7 +17,7 @@ import pytest
 
 from tests.fault.test_train import TRAIN_DONE
 from tests.heat_output import Finished
-from tests.lab.conftest import heat
+from tests.lab.helpers import heat
 from tests.processes import run_group
 
 LEVELS = ["--local", "default", "--flush-every", "0"]

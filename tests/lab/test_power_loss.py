@@ -22,7 +22,8 @@ import pytest
 from hpckpt.catalog import CheckpointReader
 from hpckpt.storage.commit import RunDirectory
 from tests.heat_output import Finished
-from tests.lab.conftest import heat
+from tests.helpers import BACKENDS
+from tests.lab.helpers import heat
 
 RANKS = 4
 # Save points where the power may go: every phase of a save, and inside rank 0's commit.
@@ -59,7 +60,7 @@ def fault_of(seed: int, protocol: str, keep: int = 100) -> tuple[str, int, int]:
 
 CASES = [
     pytest.param(backend, protocol, blocking, keep, id=f"{backend}-{protocol}-{'blocking' if blocking else 'async'}-keep{keep}")
-    for backend in ("hdf5", "adios2", "posix")
+    for backend in BACKENDS
     for protocol in ("coordinated", "uncoordinated")
     for blocking in (True, False)
     for keep in (2, 100)  # 2: later saves write into recycled files; 100: always new files
@@ -140,7 +141,7 @@ def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking:
     return next(iter(before.values()))
 
 
-@pytest.mark.parametrize("backend", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_killed_rank_is_relaunched_from_the_newest_committed_step(lab, heat_reference, backend):
     """A rank SIGKILLed at a seeded save point; ``hpckpt run`` relaunches the job once."""
     point, rank, nth = fault_of(sum(map(ord, f"kill{backend}")), "coordinated")

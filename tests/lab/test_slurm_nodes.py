@@ -15,15 +15,14 @@ import pytest
 
 from hpckpt.storage.commit import RunDirectory
 from tests.lab.cluster import UCX_NO_DISCONNECT
-from tests.lab.conftest import lab_factory  # noqa: F401 - the fixture
 from tests.slurm.cluster import unavailable
-from tests.slurm.conftest import heat_reference, submit
+from tests.slurm.helpers import heat_reference, submit
 
 PACED = ("--n", "96", "--iters", "300", "--every", "20", "--pace", "0.02")
 
 
 @pytest.fixture
-def lab_slurm(lab_factory, tmp_path):  # noqa: F811
+def lab_slurm(lab_factory, tmp_path):
     reason = unavailable()
     if reason:
         pytest.skip(reason)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hpckpt
-from tests.mpi.conftest import BACKENDS
+from tests.helpers import BACKENDS
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -40,10 +40,10 @@ def damage(manifest: dict, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["global_shape", "dtype", "local_shape"])
-@pytest.mark.parametrize("name", ["hdf5", "adios2", "posix"])
+@pytest.mark.parametrize("name", BACKENDS)
 def test_a_wrong_manifest_falls_back_with_a_warning_naming_it(world, mpi_tmp_path, name, how):
     run_dir = mpi_tmp_path / f"{name}-{how}"
-    with hpckpt.Checkpointer(run_dir, comm=world, **BACKENDS[name]) as checkpointer:
+    with hpckpt.Checkpointer(run_dir, comm=world, backend=name) as checkpointer:
         checkpointer.save(1, state_of(world, 1.0))
         checkpointer.save(2, state_of(world, 2.0))
     manifest_path = run_dir / "step-00000002" / "manifest.json"
@@ -56,7 +56,7 @@ def test_a_wrong_manifest_falls_back_with_a_warning_naming_it(world, mpi_tmp_pat
     restored["tail"] = hpckpt.Local(np.zeros(1), resizable=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with hpckpt.Checkpointer(run_dir, comm=world, **BACKENDS[name]) as checkpointer:
+        with hpckpt.Checkpointer(run_dir, comm=world, backend=name) as checkpointer:
             assert checkpointer.restore(restored) == 1
     assert restored["it"] == 1.0 and restored["u"].array.tolist() == state_of(world, 1.0)["u"].array.tolist()
     assert restored["tail"].array.tolist() == [1.0] * (40_000 + world.rank)

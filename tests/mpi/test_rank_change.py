@@ -12,7 +12,7 @@ import pytest
 import hpckpt
 from hpckpt.model.boxes import intersection
 from hpckpt.storage import open_backend
-from hpckpt.storage.base import Backend
+from hpckpt.storage.base import NO_ANNOTATIONS, Backend
 
 MPI = pytest.importorskip("mpi4py.MPI")
 pytestmark = pytest.mark.mpi(min_size=4)
@@ -65,8 +65,8 @@ class RecordingBackend(Backend):
     def layout(self, records):
         return self.inner.layout(records)
 
-    def write(self, comm, directory, records, blocks):
-        return self.inner.write(comm, directory, records, blocks)
+    def write(self, comm, directory, records, blocks, annotations=NO_ANNOTATIONS):
+        return self.inner.write(comm, directory, records, blocks, annotations)
 
     def read(self, directory, requests, landed=None):
         self.reads += [(request.record.path, request.block.rank) for request in requests]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import run_group
-from tests.slurm.conftest import committed_steps, heat_reference, submit
+from tests.slurm.helpers import committed_steps, heat_reference, submit
 
 # A small grid paced to run about 10 s on 2 ranks, checkpointing every 20 iterations.
 PACED = ("--n", "96", "--iters", "400", "--every", "20", "--pace", "0.025")

@@ -1,35 +1,15 @@
-"""Helpers for the in-job recovery tests: real `mpiexec --with-ft ulfm` jobs of the heat
-solver in the ULFM environment (.venv-ulfm, Open MPI 5; `make install` builds it).
-
-Run them with that environment's Python: `make test-ulfm`.
-"""
+"""Fixtures of the in-job recovery tests (helpers: tests/ulfm/helpers.py). The whole suite
+skips, saying why, unless it runs with the ULFM environment's Python (`make test-ulfm`)."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.heat_output import Finished
-from tests.processes import kill_group, run_group, started_group
-
-REPO = Path(__file__).resolve().parents[2]
-VENV = Path(os.environ.get("HPCKPT_ULFM_VENV", REPO / ".venv-ulfm"))
-FAILED_NOTE = Path(str(VENV) + ".failed")
-MPIEXEC = VENV / "bin" / "mpiexec"
-ULFM_FLAGS = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--oversubscribe"]
-ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # CI runs as root
-JOB_TIMEOUT = 50
-STARTED = re.compile(r"^\w+: started pids=([\d,]+)$")  # the heat solver's and tests/jobs/logged_app's
-RECOVERED = re.compile(r"^heat: recovered from the failure of rank\(s\) ([\d,]+) in ([\d.]+) s", re.MULTILINE)
+from tests.lab.helpers import labs_under
+from tests.ulfm.helpers import FAILED_NOTE, MPIEXEC, VENV, heat_command, run_job
 
 if FAILED_NOTE.exists():
     pytest.skip(FAILED_NOTE.read_text().strip(), allow_module_level=True)
@@ -39,81 +19,16 @@ if Path(sys.prefix).resolve() != VENV.resolve():
     pytest.skip(f"run these tests with {VENV}/bin/python (`make test-ulfm`)", allow_module_level=True)
 
 
-def heat_command(ranks: int, run_dir: Path, *args: str, ft: bool = True, iters: int = 200, pace: float = 0.01) -> list[str]:
-    return [
-        str(MPIEXEC), *(ULFM_FLAGS if ft else ["--oversubscribe"]), "-n", str(ranks),
-        sys.executable, "-m", "hpckpt.examples.heat", "--n", "64", "--iters", str(iters), "--every", "20",
-        "--backend", "posix", "--dir", str(run_dir), "--pace", str(pace), *args,
-    ]  # fmt: skip
-
-
-class Job(Finished):
-    """A finished job, with the process ids and recoveries it reported."""
-
-    def pids(self, when: str) -> list[int]:
-        match = re.search(rf"^heat: {when} pids=([\d,]+)$", self.stdout, re.MULTILINE)
-        assert match, f"no '{when} pids' line; stdout:\n{self.stdout}"
-        return [int(pid) for pid in match.group(1).split(",")]
-
-    @property
-    def recoveries(self) -> list[tuple[list[int], float]]:
-        return [([int(r) for r in ranks.split(",")], float(s)) for ranks, s in RECOVERED.findall(self.stdout)]
-
-
-def run_job(command: list[str], env: dict[str, str] | None = None) -> Job:
-    result = run_group(command, timeout=JOB_TIMEOUT, env={**os.environ, **ENV, **(env or {})})
-    return Job(result.returncode, result.stdout, result.stderr)
-
-
-def run_killing(
-    command: list[str],
-    kills: list[tuple[int, float]],
-    env: dict[str, str] | None = None,
-    while_stopped: Callable[[int], None] | None = None,
-) -> Job:
-    """Run ``command``; SIGKILL rank ``rank``'s process ``delay`` s after the job reports its
-    pids (the first kill) or its previous recovery (each next one), for each (rank, delay).
-    Only original processes are killed (a replacement's pid is reported at the end).
-    ``while_stopped(rank)`` runs between a SIGSTOP and the SIGKILL (to lose its node's files)."""
-    with started_group(command, env={**os.environ, **ENV, **(env or {})}) as process:
-        # A hung job becomes a failure, not a hung test: the whole process group is killed.
-        watchdog = threading.Timer(JOB_TIMEOUT, kill_group, (process.pid,))
-        watchdog.start()
-        try:
-            lines, pending = _kill_while_reading(process, kills, while_stopped)
-            process.wait()
-            stderr = process.stderr.read()
-        finally:
-            watchdog.cancel()
-    assert not pending, f"the job ended before every kill was made; stdout:\n{''.join(lines)}"
-    return Job(process.returncode, "".join(lines), stderr)
-
-
-def _kill_while_reading(
-    process: subprocess.Popen, kills: list[tuple[int, float]], while_stopped: Callable[[int], None] | None
-) -> tuple[list[str], list[tuple[int, float]]]:
-    """Read the job's stdout, making each kill when its line appears; (the lines, the kills not made)."""
-    lines: list[str] = []
-    pids: list[int] = []
-    pending = list(kills)
-    for line in process.stdout:
-        lines.append(line)
-        started = STARTED.match(line)
-        if started:
-            pids = [int(pid) for pid in started.group(1).split(",")]
-        if pending and (started or line.startswith("heat: recovered")):
-            rank, delay = pending.pop(0)
-            time.sleep(delay)
-            if while_stopped is not None:
-                os.kill(pids[rank], signal.SIGSTOP)
-                while_stopped(rank)
-            os.kill(pids[rank], signal.SIGKILL)
-    return lines, pending
-
-
 @pytest.fixture(scope="session")
 def reference_checksum(tmp_path_factory) -> str:
     """The checksum of the fault-free run (Open MPI without failure detection, no recovery)."""
     job = run_job(heat_command(3, tmp_path_factory.mktemp("reference"), ft=False, pace=0.0))
     assert job.returncode == 0, job.stderr
     return job.checksum
+
+
+@pytest.fixture
+def lab_factory(tmp_path):
+    """Start labs of N nodes under tmp_path (tests/lab); all are destroyed after the test."""
+    with labs_under(tmp_path) as make:
+        yield make

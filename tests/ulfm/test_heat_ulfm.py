@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from .conftest import heat_command, run_job, run_killing
+from tests.ulfm.helpers import heat_command, run_job, run_killing
 
 
 def assert_recovered(job, reference: str, killed: list[int]) -> None:

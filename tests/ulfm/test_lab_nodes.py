@@ -16,8 +16,7 @@ import sys
 
 from hpckpt.storage.commit import RunDirectory
 from tests.heat_output import Finished
-from tests.lab.conftest import lab_factory  # noqa: F401 - the fixture
-from tests.ulfm.conftest import ENV, MPIEXEC, ULFM_FLAGS
+from tests.ulfm.helpers import ENV, MPIEXEC, ULFM_FLAGS
 
 FLAGS = tuple(flag for flag in ULFM_FLAGS if flag != "--oversubscribe")
 
@@ -39,7 +38,7 @@ def started_job(lab, *args: str):
     return job
 
 
-def test_the_ranks_of_a_node_die_and_replacements_run_on_the_other_node(lab_factory, reference_checksum):  # noqa: F811
+def test_the_ranks_of_a_node_die_and_replacements_run_on_the_other_node(lab_factory, reference_checksum):
     lab = lab_factory(2)
     job = started_job(lab)
     victims = [rank for rank in job.ranks().values() if rank.node == "node2"]
@@ -57,7 +56,7 @@ def test_the_ranks_of_a_node_die_and_replacements_run_on_the_other_node(lab_fact
     assert all(first <= pid < second for pid in finished[2:]), f"replacements not on node1: {finished}"
 
 
-def test_a_lost_node_ends_the_open_mpi_job_and_a_relaunch_resumes(lab_factory, reference_checksum):  # noqa: F811
+def test_a_lost_node_ends_the_open_mpi_job_and_a_relaunch_resumes(lab_factory, reference_checksum):
     lab = lab_factory(2)
     job = started_job(lab)
     newest = RunDirectory(lab.disk / "ckpt").committed_steps()[-1]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from .conftest import MPIEXEC, ULFM_FLAGS, run_job, run_killing
+from tests.ulfm.helpers import MPIEXEC, ULFM_FLAGS, run_job, run_killing
 
 APP_DONE = re.compile(r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M)
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hpckpt
+from tests.helpers import BACKENDS
 from tests.processes import run_group
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed (make install adds it)")
@@ -19,7 +20,7 @@ def numbers(seed: int) -> np.ndarray:
     return values
 
 
-@pytest.mark.parametrize("backend", ["posix", "hdf5", "adios2"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("blocking", [True, False])
 def test_numpy_bfloat16_round_trips_bit_for_bit(tmp_path, backend, blocking):
     saved = numbers(1)

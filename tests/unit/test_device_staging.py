@@ -15,6 +15,7 @@ import xxhash
 
 import hpckpt
 from tests import stand_in_gpu
+from tests.helpers import BACKENDS
 
 MPI = pytest.importorskip("mpi4py.MPI")
 cupy, fake_modules = stand_in_gpu.cupy, stand_in_gpu.fake_modules  # the stand-in GPU's fixtures
@@ -83,7 +84,7 @@ def stored_checksums(run: Path, step: int) -> dict:
     return {leaf["path"]: leaf["blocks"][0]["checksum"] for leaf in body["leaves"]}
 
 
-@pytest.mark.parametrize("backend", ["posix", "hdf5", "adios2"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("blocking", [True, False])
 def test_device_leaves_round_trip_in_place_with_exact_checksums(cupy, tmp_path, backend, blocking):
     saved = make_state(cupy, 1)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import hpckpt
-from hpckpt.model.layout import RankPlan, merge_plans
+from hpckpt.model.layout import merge_plans
+from hpckpt.model.plans import RankPlan
 
 h5netcdf = pytest.importorskip("h5netcdf", reason="h5netcdf is not installed (make install adds it)")
 

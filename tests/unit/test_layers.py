@@ -17,7 +17,8 @@ LAYERS = [  # lowest first; a module's layer is the longest prefix listed
     ("buffers and storage", ["hpckpt.buffers", "hpckpt.storage"]),
     ("protocols and levels", ["hpckpt.messages", "hpckpt.protocols", "hpckpt.levels", "hpckpt.recovery"]),
     ("engines", ["hpckpt.engines", "hpckpt.options"]),
-    ("facade", ["hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.testing"]),
+    ("facade", ["hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.testing",
+                "hpckpt.attachment", "hpckpt.restoring", "hpckpt.stateful"]),
     ("command line and examples", ["hpckpt.cli", "hpckpt.__main__", "hpckpt.relaunch", "hpckpt.examples"]),
 ]  # fmt: skip
 

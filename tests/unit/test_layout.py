@@ -3,17 +3,15 @@
 import pytest
 
 from hpckpt import InvalidStateError
-from hpckpt.model.layout import (
+from hpckpt.model.kinds import LeafKind
+from hpckpt.model.layout import AgreedLayout, fill_checksums, merge_plans, records_by_rank
+from hpckpt.model.plans import (
     LATER,
     MIN_REPLICATED_CHUNK,
-    AgreedLayout,
     LeafPlan,
     RankPlan,
-    fill_checksums,
-    merge_plans,
     pack_plan,
     plan_digests,
-    records_by_rank,
     replicated_chunks,
 )
 
@@ -101,6 +99,17 @@ def test_digests_split_what_ranks_share_from_where_each_rank_writes():
     changed = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "bb", chunk_checksums=("bb",))
     assert plan_digests(RankPlan((rep,), {}))[0] != plan_digests(RankPlan((changed,), {}))[0]  # copies must agree
     assert plan_digests(RankPlan((rep,), {}))[1] == plan_digests(RankPlan((changed,), {}))[1]
+
+
+def test_a_kind_counts_in_the_digests_as_its_name_given_as_a_member_or_a_string():
+    boxes = {"distributed": ((3,), (0,), (4,)), "replicated": ((2,), (0,), None), "local": ((2,), (), None)}
+    for kind, (shape, offset, global_shape) in boxes.items():
+        plans = [RankPlan((LeafPlan("x", given, "<f8", shape, offset, global_shape, "c", chunk_checksums=("c",)),), {})
+                 for given in (kind, LeafKind(kind))]
+        assert plan_digests(plans[0]) == plan_digests(plans[1])
+    packed = RankPlan((pack_plan([("v", "<i4", (2,), None)], 8, "aa", None, None),), {})
+    alone = RankPlan((LeafPlan("v", LeafKind.LOCAL, "<i4", (2,), (), None, "bb"),), {})
+    assert plan_digests(packed)[0] == plan_digests(alone)[0] and packed.leaves[0].kind is LeafKind.LOCAL
 
 
 def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_checksum():

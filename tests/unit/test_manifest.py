@@ -2,27 +2,30 @@
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
 from hpckpt import CorruptCheckpointError
 from hpckpt.checksum import text_checksum
-from hpckpt.model.delta import referenced_steps
-from hpckpt.model.manifest import CHECKSUM_KEY, Block, LeafRecord, Manifest, Shard, shard_json
+from hpckpt.model.delta import home_step, referenced_steps
+from hpckpt.model.kinds import LeafKind
+from hpckpt.model.manifest import CHECKSUM_KEY, LEAF_KINDS, Block, LeafRecord, Manifest, Shard, shard_json
+from hpckpt.model.manifest_versions import ABSENT, KNOWN_KEYS, OPTIONAL_KEYS
+from hpckpt.model.records import encoded_location
 from hpckpt.storage.names import shard_name
 
 
 def make_manifest() -> Manifest:
     leaf = LeafRecord(
         path="field",
-        kind="distributed",
+        kind=LeafKind.DISTRIBUTED,
         dtype="<f8",
         global_shape=(4, 3),
         blocks=(Block(0, (0, 0), (2, 3), "ab"), Block(1, (2, 0), (2, 3), "cd")),
         location={"file": "data.h5", "dataset": "/field"},
     )
-    rng = LeafRecord("rng", "local", "<u4", None, (Block(0, (), (5,), "01"), Block(1, (), (0,), "02")))
+    rng = LeafRecord("rng", LeafKind.LOCAL, "<u4", None, (Block(0, (), (5,), "01"), Block(1, (), (0,), "02")))
     return Manifest(
         step=7,
         protocol="coordinated",
@@ -90,6 +93,27 @@ def test_block_of_rank():
     assert leaf.block_of(1).offset == (2, 0)
 
 
+def test_every_key_of_every_version_is_a_field_and_an_absent_one_reads_as_its_default():
+    names = {field_.name for field_ in fields(Manifest)}
+    assert KNOWN_KEYS == {"format", "version", CHECKSUM_KEY} | names
+    assert set(OPTIONAL_KEYS) <= set(ABSENT) | {"shards"}
+    body = {key: value for key, value in unsigned(make_manifest()).items() if key not in ABSENT}
+    read = Manifest.from_json(json.dumps(body), "old.json")  # make_manifest() leaves them at their defaults
+    assert replace(read, values={}) == replace(make_manifest(), values={})
+    assert LEAF_KINDS == ("distributed", "local", "replicated")
+    assert [type(record.kind) for record in read.leaves] == [LeafKind, LeafKind]
+
+
+def test_the_location_keys_every_backend_shares_are_typed_fields_of_a_block():
+    location = {"file": "data-00000.bin", "offset": 64, **encoded_location(40, "blosc2")}
+    block = Block(0, (), (5,), "01", location)
+    assert (block.in_step, block.codec, block.stored_bytes, block.pack_start) == (None, "blosc2", 40, None)
+    reused = block.with_in_step(3)
+    assert (reused.in_step, reused.codec, home_step(reused, 7), home_step(block, 7)) == (3, "blosc2", 3, 7)
+    assert block.location == {"file": "data-00000.bin", "offset": 64, "stored_bytes": 40, "codec": "blosc2"}
+    assert encoded_location(None, None) == {} and Block(0, (), (5,), "01").codec is None
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -137,7 +161,7 @@ def assert_consistent(manifest: Manifest) -> None:
     for record in manifest.leaves:
         for block in record.blocks:
             assert all(isinstance(n, int) and n >= 0 for n in (*block.shape, *block.offset))
-            if record.global_shape is not None and record.kind != "local":
+            if record.global_shape is not None and record.kind != LeafKind.LOCAL:
                 assert all(o + n <= g for o, n, g in zip(block.offset, block.shape, record.global_shape))
 
 

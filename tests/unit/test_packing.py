@@ -13,9 +13,8 @@ import hpckpt
 from hpckpt import CorruptCheckpointError, InvalidStateError
 from hpckpt.model.layout import PACK_LIMIT, LeafPlan, RankPlan, merge_plans, pack_plan
 from hpckpt.model.manifest import PACK_PATH, PACKED, Manifest, Member
+from tests.helpers import BACKENDS
 from tests.processes import run_group
-
-BACKENDS = ["posix", "hdf5", "adios2"]
 
 
 def small_state(seed: int) -> dict:
@@ -203,7 +202,7 @@ def test_host_checksums_wait_for_the_sync_unless_a_delta_compares_them(tmp_path,
     import xxhash
 
     from hpckpt.model.layout import LATER
-    from hpckpt.protocols.coordinated import plan_local
+    from hpckpt.protocols.save.planning import plan_local
 
     state = small_state(4)
     deferred: dict = {}

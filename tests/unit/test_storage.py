@@ -67,7 +67,7 @@ def test_posix_write_places_thousands_of_blocks_at_their_exact_bytes(tmp_path):
     unaligned ones, more blocks than one call takes) land at their layout offsets."""
     from mpi4py import MPI
 
-    from hpckpt.protocols.coordinated import blocks_of_rank
+    from hpckpt.protocols.save.layout import blocks_of_rank
 
     rng = np.random.default_rng(7)
     sizes = [8 * 8] * 1500 + [3, 5, 130] * 300 + [8 * 8] * 100  # contiguous runs, then gaps, then runs again
@@ -82,3 +82,41 @@ def test_posix_write_places_thousands_of_blocks_at_their_exact_bytes(tmp_path):
     for placed_record in placed:
         offset = placed_record.blocks[0].location["offset"]
         assert stored[offset : offset + arrays[placed_record.path].nbytes] == arrays[placed_record.path].tobytes()
+
+
+def test_each_backend_declares_its_capabilities_and_whether_it_lays_out_in_groups():
+    from hpckpt.storage import Backend, Capabilities, GroupLayout, backend_class
+
+    declared = {name: backend_class(name).capabilities for name in ("hdf5", "adios2", "posix")}
+    assert declared == {
+        "hdf5": Capabilities(writes_in_place=True, shows_annotations=True),
+        "adios2": Capabilities(writes_in_place=True, collective_write=True),
+        "posix": Capabilities(writes_in_place=True, repairable_in_job=True),
+    }
+    assert Backend.capabilities == Capabilities()  # all off unless declared
+    assert isinstance(open_backend("posix"), GroupLayout) and isinstance(open_backend("hdf5"), GroupLayout)
+    with pytest.raises(AttributeError):
+        declared["posix"].collective_write = True  # frozen: one record per class
+
+
+def test_a_backend_implements_layout_write_and_read_and_stores_arrays_as_they_are_by_default():
+    from hpckpt.storage import Backend, GroupLayout
+
+    class Partial(Backend):
+        def layout(self, records):
+            return tuple(records)
+
+    with pytest.raises(TypeError, match="abstract"):
+        Partial()
+
+    class Whole(Partial):
+        def write(self, comm, directory, records, blocks, annotations=None):
+            return []
+
+        def read(self, directory, requests, landed=None):
+            pass
+
+    array = np.arange(3.0)
+    encoded = Whole().encode("x", array)
+    assert encoded.stored is array and encoded.codec is None and encoded.restored is array
+    assert Whole().stores_exactly("x") and not isinstance(Whole(), GroupLayout)

@@ -1,0 +1,315 @@
+"""What one rank reads of a step, and how the bytes read reach its leaves.
+
+:func:`plan_reads` plans, from this rank's part of the manifest alone, one piece per
+stored block to read, of four kinds:
+
+- :class:`WholeRead`: a block read straight into place (the leaf's array, or a
+  contiguous view of it);
+- :class:`SlicedRead`: a block read into a buffer, then copied by slices (a block that
+  overlaps the rank's box only in part, or a destination that is not contiguous);
+- :class:`MemberRead`: a packed leaf, copied out of the read of its pack block (each
+  pack block is read once, whatever the number of its members);
+- :class:`ResizedRead`: a resizable Local leaf whose stored block has another shape:
+  read into a new array, which then replaces the leaf's.
+
+A replicated leaf is read in chunks, each by one rank, and broadcast to the others
+(:class:`ReadPlan.share_replicated`). Leaves on a device are read into pinned host
+buffers and copied back once everything verified (:meth:`ReadPlan.copy_to_devices`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from .._hooks import point
+from ..buffers.bfloat16 import is_bfloat16, like
+from ..buffers.device import STAGER, is_device_array
+from ..buffers.host import writable_target
+from ..errors import CorruptCheckpointError
+from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
+from ..model.manifest import Block, LeafRecord, Manifest
+from ..model.reads import Overlap, is_member, member_bytes, overlaps
+from ..storage import open_backend
+from ..storage.base import Backend, BlockData
+from ..storage.commit import RunDirectory
+from ..storage.verified import read_verified
+from .restore_target import RestoreTarget
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+class Piece(Protocol):
+    """A stored block to read (``request``) and how its bytes reach a leaf of this rank:
+    its host ``destination``, copied back into ``device`` (None: a host leaf)."""
+
+    @property
+    def request(self) -> BlockData:
+        """The read of the stored block (of its pack block, for a packed leaf)."""
+
+    @property
+    def destination(self) -> np.ndarray:
+        """The host array the leaf's bytes land in."""
+
+    @property
+    def device(self) -> Any:
+        """The device array ``destination`` is copied back into, or None."""
+
+    def put_in_place(self) -> None:
+        """Once every block verified: copy what was read into the leaf. This rank alone."""
+
+
+@dataclass(frozen=True)
+class WholeRead:
+    """A block read straight into place: ``request.array`` is ``destination`` or a
+    contiguous view of it."""
+
+    request: BlockData
+    destination: np.ndarray
+    device: Any = None
+
+    def put_in_place(self) -> None:
+        """Nothing to copy: the block was read where it belongs. This rank alone."""
+
+
+@dataclass(frozen=True)
+class SlicedRead:
+    """A block read into a buffer (``request.array``), whose elements ``taken`` go to
+    ``destination[into]``."""
+
+    request: BlockData
+    destination: np.ndarray
+    into: tuple[slice, ...]
+    taken: tuple[slice, ...]
+    device: Any = None
+
+    def put_in_place(self) -> None:
+        """Copy the block's shared elements into the destination. This rank alone."""
+        self.destination[self.into] = self.request.array[self.taken]
+
+
+@dataclass(frozen=True)
+class MemberRead:
+    """Packed ``block`` of ``record``: ``request`` reads the whole pack block it is in
+    (one read shared by all its members)."""
+
+    request: BlockData
+    destination: np.ndarray
+    record: LeafRecord
+    block: Block
+    device: Any = None
+
+    def put_in_place(self) -> None:
+        """Copy the member's bytes out of the pack block. This rank alone."""
+        np.copyto(self.destination, member_bytes(self.request.array, self.record, self.block))
+
+
+@dataclass(frozen=True)
+class ResizedRead:
+    """Resizable Local ``leaf``, whose stored block has another shape: ``read`` fills a
+    new array, which then replaces the leaf's (never a device copy-back: the new array
+    is put on the leaf's device whole)."""
+
+    read: WholeRead | MemberRead
+    leaf: Local
+
+    @property
+    def request(self) -> BlockData:
+        """The read of the block (or of its pack block)."""
+        return self.read.request
+
+    @property
+    def destination(self) -> np.ndarray:
+        """The new host array."""
+        return self.read.destination
+
+    @property
+    def device(self) -> None:
+        """None: the leaf gets a new array instead."""
+        return None
+
+    def put_in_place(self) -> None:
+        """Give the leaf its new array, of the kind it had (bfloat16 stays bfloat16, a
+        device array becomes a new device array). This rank alone."""
+        self.read.put_in_place()
+        fresh, original = self.destination, self.leaf.array
+        restored = like(fresh, original) if is_bfloat16(original) else fresh
+        if is_device_array(original):
+            restored = STAGER.new_device_array(restored, original, self.request.record.path)
+        self.leaf.array = restored
+        self.leaf.shape = fresh.shape
+
+
+@dataclass(frozen=True)
+class _Share:
+    """A replicated chunk that rank ``root`` read and broadcasts into ``destination[into]``."""
+
+    destination: np.ndarray
+    into: tuple[slice, ...]
+    root: int
+    device: Any = None  # a device array that ``destination`` (host staging) is copied back into
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """The pieces this rank reads, and the replicated chunks every rank receives from
+    the one that reads it."""
+
+    pieces: list[Piece]
+    shares: list[_Share]
+
+    def requests(self) -> list[BlockData]:
+        """Each block to read, once (the members of a pack block share its read). This rank alone."""
+        return list({id(piece.request): piece.request for piece in self.pieces}.values())
+
+    def put_in_place(self) -> None:
+        """Copy every verified piece into its leaf. This rank alone."""
+        for piece in self.pieces:
+            piece.put_in_place()
+
+    def share_replicated(self, comm: MPI.Comm) -> None:
+        """Broadcast each replicated chunk from the rank that read it. Collective over
+        ``comm``: every rank calls it, with plans of the same chunks."""
+        from mpi4py import MPI
+
+        for share in self.shares:
+            region = share.destination[share.into + (Ellipsis,)]  # a view, a 0-d array's too
+            contiguous = region if region.flags.c_contiguous else np.ascontiguousarray(region)
+            comm.Bcast([contiguous.reshape(-1).view(np.uint8), MPI.BYTE], root=share.root)
+            if contiguous is not region:
+                region[...] = contiguous
+
+    def copy_to_devices(self) -> None:
+        """Copy the host staging of each device leaf back into it, once per leaf. This rank alone."""
+        uploads = [(piece.destination, piece.device, piece.request.record.path) for piece in self.pieces]
+        uploads += [(share.destination, share.device, share.path) for share in self.shares]
+        devices = {id(device): (staged, device, path)
+                   for staged, device, path in uploads if device is not None}
+        STAGER.to_devices(devices.values())
+
+
+def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
+    """The blocks ``target``'s rank reads, from ``manifest`` (its part of a step's
+    manifest) alone, and where their bytes go. Each rank, alone (the ``plan`` phase).
+
+    Replicated chunk ``j`` is read by rank ``j % size`` and broadcast: each byte of a
+    replicated array is read from storage once per job.
+
+    Raises
+    ------
+    InvalidStateError
+        When a host leaf's array cannot be written in place.
+    """
+    stored = {record.path: record for record in manifest.tree_leaves}
+    source = target.local_source(manifest.world_size)
+    packs = _PackReads(manifest)
+    pieces: list[Piece] = []
+    shares: list[_Share] = []
+    for slot in target.slots:
+        leaf = slot.value
+        record = stored.get(slot.path)
+        if not isinstance(leaf, ARRAY_LEAF_TYPES) or record is None:  # a plain value, or not in the step
+            continue
+        device = leaf.array if is_device_array(leaf.array) else None
+        if device is not None:
+            destination = STAGER.pinned_buffer(slot.path, leaf.shape, np.dtype(record.dtype))
+        else:
+            destination = writable_target(leaf.array, slot.path)
+        if isinstance(leaf, Distributed):
+            pieces += _overlapping(record, overlaps(record, (leaf.offset, leaf.shape)), destination, device)
+        elif isinstance(leaf, Replicated):
+            chunks = overlaps(record, ((0,) * len(leaf.shape), leaf.shape))
+            mine = [chunk for index, chunk in enumerate(chunks) if index % target.size == target.rank]
+            pieces += _overlapping(record, mine, destination, device)
+            if target.size > 1:
+                shares += [_Share(destination, chunk.into, index % target.size, device, slot.path)
+                           for index, chunk in enumerate(chunks)]
+        else:
+            block = record.block_of(source if leaf.kind == "local" and source is not None else target.rank)
+            pieces.append(_local_piece(leaf, record, block, destination, device, packs))
+    return ReadPlan(pieces, shares)
+
+
+def _local_piece(
+    leaf: Local, record: LeafRecord, block: Block, destination: np.ndarray, device: Any, packs: _PackReads
+) -> Piece:
+    """The piece that restores Local ``leaf`` from ``block`` into ``destination`` (copied
+    back into ``device``, None for a host leaf); a packed block is copied out of ``packs``."""
+    if leaf.resizable and leaf.shape != block.shape:
+        fresh = np.empty(block.shape, dtype=record.dtype)
+        if is_member(block):
+            return ResizedRead(MemberRead(packs.of(block.rank), fresh, record, block), leaf)
+        return ResizedRead(WholeRead(BlockData(record, block, fresh), fresh), leaf)
+    if is_member(block):
+        return MemberRead(packs.of(block.rank), destination, record, block, device)
+    return _whole_block(record, block, destination, device)
+
+
+def _whole_block(record: LeafRecord, block: Block, destination: np.ndarray, device: Any) -> Piece:
+    """The piece of a block that is the whole ``destination``: read straight into it
+    where it is contiguous, else into a buffer."""
+    if destination.flags.c_contiguous:
+        return WholeRead(BlockData(record, block, destination), destination, device)
+    everything = (slice(None),) * len(block.shape)
+    buffer = np.empty(block.shape, dtype=record.dtype)
+    return SlicedRead(BlockData(record, block, buffer), destination, everything, everything, device)
+
+
+def _overlapping(
+    record: LeafRecord, found: list[Overlap], destination: np.ndarray, device: Any
+) -> list[Piece]:
+    """A piece per stored block in ``found``, each sharing elements with this rank's box."""
+    pieces: list[Piece] = []
+    for overlap in found:
+        block = overlap.block
+        if overlap.exact:
+            pieces.append(_whole_block(record, block, destination, device))
+            continue
+        if overlap.inside:  # the whole block lands in this rank's box
+            view = destination[overlap.into]
+            if view.flags.c_contiguous:  # e.g. a block of whole rows: read straight into place
+                pieces.append(WholeRead(BlockData(record, block, view), destination, device))
+                continue
+        buffer = np.empty(block.shape, dtype=record.dtype)
+        read = BlockData(record, block, buffer)
+        pieces.append(SlicedRead(read, destination, overlap.into, overlap.taken, device))
+    return pieces
+
+
+class _PackReads:
+    """One read of each pack block that this rank's packed leaves are in."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self._pack = manifest.pack
+        self._reads: dict[int, BlockData] = {}
+
+    def of(self, rank: int) -> BlockData:
+        """The read of writer ``rank``'s pack block, shared by all its members."""
+        if rank not in self._reads:
+            assert self._pack is not None  # a member's block exists only where a pack does
+            block = self._pack.block_of(rank)
+            self._reads[rank] = BlockData(self._pack, block, np.empty(block.shape, dtype=np.uint8))
+        return self._reads[rank]
+
+
+def read_and_verify(
+    manifest: Manifest, configured: Backend, run_dir: RunDirectory, plan: ReadPlan, rank: int
+) -> list[str]:
+    """Read the planned blocks of ``manifest``'s step (with the backend its manifest
+    names, ``configured`` or another) and check them; describe each block that fails
+    verification, or why the step cannot be read (e.g. its backend is not installed).
+    Each rank, alone (the ``read`` phase merges the findings)."""
+    point("restore.read")
+    step = manifest.step
+    try:
+        backend = configured if manifest.backend == configured.name else open_backend(manifest.backend)
+    except (ImportError, ValueError) as exc:
+        return [f"rank {rank} cannot read {run_dir.step_path(step)}: {type(exc).__name__}: {exc}"]
+    try:
+        return read_verified(backend, run_dir, step, plan.requests())
+    except CorruptCheckpointError as exc:
+        return [f"rank {rank} {exc}"]

@@ -1,0 +1,227 @@
+"""Where every block of a step goes: one result type, and the strategies that make it.
+
+A save lays its step out in one of three ways, each behind :class:`LayoutStrategy`:
+
+- :class:`ReuseAgreedLayout`: every rank planned the layout of the engine's last merged
+  save again (:func:`~hpckpt.protocols.save.agreement.agree_on_layout`); no plan travels;
+- :class:`MergeOnRoot`: the plans are gathered to rank 0, which merges, checks, lays
+  out and sends each rank its part;
+- :class:`~hpckpt.protocols.save.group_layout.MergeInGroups`: from
+  :func:`~hpckpt.protocols.save.request.manifest_shard_ranks` ranks on, the leaders of
+  groups of about sqrt(P) ranks merge their groups' plans and rank 0 checks what they
+  sum up.
+
+Each returns a :class:`Layout` whose fields mean the same on every rank; what only
+rank 0 knows (for the manifest) is its :attr:`Layout.outline`, None elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..._comm import scatter_phase
+from ...checksum import ALGORITHM
+from ...errors import InvalidStateError
+from ...model.delta import Delta, compose, placeholder, plan_delta, to_write
+from ...model.kinds import LeafKind
+from ...model.layout import AgreedLayout, fill_checksums, merge_plans
+from ...model.manifest import Block, LeafRecord, Manifest
+from ...storage.base import BlockData
+from .context import SaveContext
+from .planning import StagedRank
+
+
+class LayoutPath(Enum):
+    """How a save's layout was made (:class:`~hpckpt.protocols.save.request.SaveReport` says it)."""
+
+    REUSED = "reused"
+    MERGED_ON_ROOT = "merged on rank 0"
+    MERGED_IN_GROUPS = "merged in groups"
+
+
+class StepOutline(Protocol):
+    """Rank 0's knowledge of a laid-out step, for its manifest."""
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the whole step."""
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The plain values of the tree."""
+
+    def manifest_leaves(
+        self, sharded: bool, per_rank: Sequence[Mapping[str, str]], chunks: Mapping[str, Sequence[str]]
+    ) -> tuple[LeafRecord, ...]:
+        """The manifest's leaves, given every rank's block checksums (unless ``sharded``)."""
+
+    def delta_fields(self) -> tuple[int | None, int, tuple[int, ...]]:
+        """The manifest's ``delta_base``, ``delta_chain`` and ``in_steps``."""
+
+
+@dataclass(frozen=True)
+class WholeOutline:
+    """The outline of a step whose every block rank 0 holds (merged on rank 0, or reused).
+
+    ``records`` are laid out, ``merged`` the same before a delta dropped the reused
+    blocks; ``checksums_in_plan`` says the plans carried every block's checksum (a
+    save that compares blocks), so the ranks' reports need not fill them in.
+    """
+
+    nbytes: int
+    values: dict[str, Any]
+    records: tuple[LeafRecord, ...]
+    merged: tuple[LeafRecord, ...]
+    delta: Delta | None = None
+    checksums_in_plan: bool = False
+
+    def manifest_leaves(
+        self, sharded: bool, per_rank: Sequence[Mapping[str, str]], chunks: Mapping[str, Sequence[str]]
+    ) -> tuple[LeafRecord, ...]:
+        """The manifest's leaves: without blocks when ``sharded`` (the shards hold them),
+        else with each block's checksum from its rank's report in ``per_rank``."""
+        if sharded:
+            return tuple(replace(record, blocks=()) for record in self.records)
+        filled = self.records if self.checksums_in_plan else fill_checksums(self.records, per_rank, chunks)
+        return compose(self.merged, filled, self.delta)
+
+    def delta_fields(self) -> tuple[int | None, int, tuple[int, ...]]:
+        """The delta's base and chain where it reuses blocks; a full step's otherwise."""
+        if self.delta is None or not self.delta.reused:
+            return None, 0, ()
+        return self.delta.base, self.delta.chain, ()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A laid-out step, as one rank sees it.
+
+    Attributes
+    ----------
+    records
+        What this rank passes to :meth:`~hpckpt.storage.base.Backend.write`.
+    blocks
+        The blocks this rank writes, with their bytes.
+    path
+        How the layout was made (alike on every rank).
+    sharded
+        Whether the blocks' checksums go to the groups' leaders, each writing a shard
+        of the manifest, instead of to rank 0 (alike on every rank).
+    reused
+        The earlier steps' blocks that the ranks this rank leads reuse, by (leaf path,
+        rank), for its shard; empty on a rank that leads no group.
+    outline
+        Rank 0's outline of the step for the manifest; None on every other rank.
+    """
+
+    records: tuple[LeafRecord, ...]
+    blocks: list[BlockData]
+    path: LayoutPath
+    sharded: bool
+    reused: Mapping[tuple[str, int], Block] = field(default_factory=dict)
+    outline: StepOutline | None = None
+
+    def written_bytes(self) -> int:
+        """The bytes this rank writes."""
+        return sum(data.array.nbytes for data in self.blocks)
+
+
+class LayoutStrategy(Protocol):
+    """One way of laying a step out. Collective over the save's communicator."""
+
+    def lay_out(self, staged: StagedRank) -> Layout | None:
+        """The layout, or None on every rank where this strategy cannot make it."""
+
+
+def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int) -> list[BlockData]:
+    """The blocks ``rank`` writes: its own distributed, local and replicated ones. Not collective.
+
+    A distributed leaf whose block of ``rank`` is reused from an incremental save's
+    base gets an empty placeholder block, so the rank still joins collective writes.
+    """
+    blocks = []
+    for record in records:
+        own = [block for block in record.blocks if block.rank == rank]
+        if own:
+            blocks.append(BlockData(record, own[0], arrays[record.path]))
+        elif record.kind == LeafKind.DISTRIBUTED:
+            blocks.append(BlockData(record, *placeholder(record)))
+    return blocks
+
+
+@dataclass(frozen=True)
+class ReuseAgreedLayout:
+    """The layout of the engine's last merged save, which every rank planned again."""
+
+    context: SaveContext
+    agreed: AgreedLayout
+    sharded: bool
+
+    def lay_out(self, staged: StagedRank) -> Layout:
+        """This rank's part of the agreed layout, with this save's bytes. Not collective."""
+        agreed, rank = self.agreed, self.context.comm.rank
+        blocks = [BlockData(record, block, staged.arrays[record.path]) for record, block in agreed.own]
+        outline = WholeOutline(agreed.nbytes, staged.plan.values, agreed.records, agreed.records) if rank == 0 else None
+        return Layout(agreed.records, blocks, LayoutPath.REUSED, self.sharded, outline=outline)
+
+
+@dataclass(frozen=True)
+class MergeOnRoot:
+    """Rank 0 merges every rank's plan, compares with an incremental save's base, lays
+    the step out and sends each rank its part.
+
+    ``base_of`` reads the base's manifest with every block (rank 0; None: a full step).
+    """
+
+    context: SaveContext
+    base_of: Callable[[], Manifest | None] | None
+    sharded: bool
+
+    def lay_out(self, staged: StagedRank) -> Layout:
+        """The merged layout. Collective: a raw gather of the plans, then ``merge``.
+
+        Raises
+        ------
+        InvalidStateError
+            On every rank, the same, when the plans do not merge (rank 0's error is
+            sent to every rank).
+        """
+        context = self.context
+        comm = context.comm
+        plans = comm.gather(staged.plan, root=0)
+        outlines: list[WholeOutline] = []  # rank 0's
+
+        def merge() -> list[tuple[LeafRecord, ...] | InvalidStateError] | None:
+            if plans is None:  # every rank but 0
+                return None
+            merged = self._merge(plans)
+            if isinstance(merged, InvalidStateError):
+                return [merged] * comm.size
+            outlines.append(merged)
+            return list(context.backend.parts(merged.records, range(comm.size)))
+
+        part = context.phases.run("merge", merge, scatter_phase)
+        if isinstance(part, InvalidStateError):  # the same error on every rank, as the merge raised it
+            raise part
+        outline = outlines[0] if outlines else None
+        records = outline.records if outline is not None else part
+        blocks = blocks_of_rank(records, staged.arrays, comm.rank)
+        return Layout(records, blocks, LayoutPath.MERGED_ON_ROOT, self.sharded, outline=outline)
+
+    def _merge(self, plans: Sequence[Any]) -> WholeOutline | InvalidStateError:
+        """Rank 0's merge, comparison and layout; a bad layout is returned, not raised."""
+        try:
+            merged, values = merge_plans(plans, complete=self.context.request.complete)
+        except InvalidStateError as exc:
+            return exc
+        backend = self.context.backend
+        base = self.base_of() if self.base_of is not None else None
+        delta = plan_delta(merged, base, backend.name, ALGORITHM) if base is not None else None
+        records = backend.layout(to_write(merged, delta))
+        nbytes = sum(record.nbytes for record in records)
+        return WholeOutline(nbytes, values, records, merged, delta, self.context.request.compares_blocks)

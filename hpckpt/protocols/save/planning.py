@@ -1,0 +1,253 @@
+"""Planning a save on one rank: flatten the tree, stage its arrays, checksum them.
+
+Nothing here is collective. A rank's plan (:class:`~hpckpt.model.layout.RankPlan`)
+says what it holds; its staged arrays are what it writes. Device leaves are copied to
+host memory as they land, small Local leaves go into one pack block, and the checksums
+of blocks stored exactly may be left for a helper thread that runs during the write
+(:func:`checksum_in_background`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...buffers.bfloat16 import leaf_encoding
+from ...buffers.device import STAGER, HostCopy, is_device_array
+from ...buffers.host import AlignedPool, aligned_empty, as_host_array
+from ...checksum import block_checksum, pieces_checksum
+from ...model.boxes import Box
+from ...model.kinds import LeafKind
+from ...model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Pickled, Replicated
+from ...model.manifest import PACK_PATH
+from ...model.plans import (
+    LATER,
+    PACK_LIMIT,
+    LeafPlan,
+    PlannedMember,
+    RankPlan,
+    pack_plan,
+    packed_bytes,
+    replicated_chunks,
+)
+from ...model.tree import Slot, flatten
+from ...storage.base import Backend, Encoded
+
+# The packs of small leaves are built in buffers kept from save to save: a new 160 MiB
+# pack's first touch cost more than its copy (buffers/host.py).
+PACK_BUFFERS = AlignedPool(keep=2)
+
+
+@dataclass
+class StagedRank:
+    """One rank's plan and the host arrays it writes, by leaf path.
+
+    ``later`` holds the arrays whose checksums the plan leaves for
+    :func:`checksum_in_background`; ``lent`` the pack buffer borrowed from
+    :data:`PACK_BUFFERS`, given back once nothing reads the pack any more.
+    """
+
+    plan: RankPlan
+    arrays: dict[str, np.ndarray]
+    later: dict[str, np.ndarray] = field(default_factory=dict)
+    lent: list[np.ndarray] = field(default_factory=list)
+
+    def known_checksums(self) -> dict[str, str]:
+        """The checksums of this rank's blocks known at planning (device copies, lossy
+        blocks, every block of a save that compares blocks), by leaf path."""
+        return {leaf.path: leaf.checksum for leaf in self.plan.leaves
+                if leaf.kind is not LeafKind.REPLICATED and leaf.checksum != LATER}
+
+    def chunk_checksums(self) -> dict[str, tuple[str, ...]]:
+        """Every replicated leaf's row-chunk checksums, by path (alike on every rank)."""
+        return {leaf.path: leaf.chunk_checksums for leaf in self.plan.leaves if leaf.kind is LeafKind.REPLICATED}
+
+    def staged_bytes(self) -> int:
+        """The bytes this rank staged."""
+        return sum(array.nbytes for array in self.arrays.values())
+
+
+def stage(state: Any, backend: Backend, rank: int, size: int, checksum_later: bool) -> StagedRank:
+    """Plan and stage ``state`` for a save by rank ``rank`` of ``size``. Not collective.
+
+    With ``checksum_later``, the checksums of host blocks stored exactly are left to
+    :func:`checksum_in_background`, and the pack is built in a reused buffer.
+    """
+    later: dict[str, np.ndarray] = {}
+    lent: list[np.ndarray] = []
+    plan, arrays = plan_local(state, backend, rank, size, later if checksum_later else None, lent)
+    return StagedRank(plan, arrays, later, lent)
+
+
+def plan_local(
+    state: Any,
+    backend: Backend | None = None,
+    rank: int = 0,
+    size: int = 1,
+    deferred: dict[str, np.ndarray] | None = None,
+    lent: list[np.ndarray] | None = None,
+) -> tuple[RankPlan, dict[str, np.ndarray]]:
+    """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
+
+    Not collective. ``backend.encode(path, array)`` (compression) gives the bytes
+    stored for each host array; checksums are of what a restore gives back (the array
+    itself, or its lossy reconstruction). The copies of all device leaves are enqueued
+    first, so they run while host leaves are checksummed. Of a replicated array, ``rank``
+    (of ``size``) stores its row chunk only (:func:`~hpckpt.model.layout.replicated_chunks`)
+    and checksums every chunk, for the ranks to agree that their copies are the same.
+    Local leaves of at most :data:`~hpckpt.model.layout.PACK_LIMIT` bytes that the
+    backend stores exactly go into this rank's pack, one block with one checksum.
+
+    Parameters
+    ----------
+    deferred
+        When given, the checksums of host blocks stored exactly (and of the pack) are
+        left out of the plan (:data:`~hpckpt.model.layout.LATER`) and their arrays put
+        here by path, to be checksummed while the data is written and made durable.
+    lent
+        When given, the pack is built in a buffer of :data:`PACK_BUFFERS`, appended
+        here for the caller to give back once nothing reads the pack any more.
+    """
+    leaves: list[LeafPlan] = []
+    arrays: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
+    members: list[tuple[PlannedMember, np.ndarray]] = []
+    lists: list[str] = []
+    slots = flatten(state, lists)
+    copies = start_device_copies(slots)
+    for slot in slots:
+        leaf = slot.value
+        if not isinstance(leaf, ARRAY_LEAF_TYPES):
+            values[slot.path] = leaf
+            continue
+        if isinstance(leaf, Pickled):
+            leaf.pickle()
+        copy = copies.get(slot.path)
+        host = as_host_array(leaf.array, slot.path) if copy is None else copy.host
+        packable = backend is None or backend.stores_exactly(slot.path)
+        if isinstance(leaf, Local) and host.nbytes <= PACK_LIMIT and packable:
+            members.append(((slot.path, host.dtype.str, host.shape, leaf_encoding(leaf)), host))
+            if copy is not None:
+                copy.wait()
+            continue
+        leaf_plan = _plan_leaf(slot, host, copy, backend, (rank, size), (arrays, deferred))
+        leaves.append(leaf_plan)
+    if members:
+        leaves.append(_pack(members, backend, arrays, deferred, lent))
+    dims = {slot.path: slot.value.dims for slot in slots if getattr(slot.value, "dims", None)}
+    return RankPlan(tuple(leaves), values, tuple(lists), dims), arrays
+
+
+def _plan_leaf(
+    slot: Slot,
+    host: np.ndarray,
+    copy: HostCopy | None,
+    backend: Backend | None,
+    position: tuple[int, int],
+    out: tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None],
+) -> LeafPlan:
+    """The plan of one array leaf stored in a block of its own; its stored bytes go
+    into ``out[0]`` (and into ``out[1]``, when given, to be checksummed later).
+    ``position`` is this rank's (rank, size)."""
+    leaf, (rank, size), (arrays, deferred) = slot.value, position, out
+    # a device leaf is checksummed chunk by chunk while the later chunks are still copied
+    checksum = None if copy is None else pieces_checksum(copy.pieces())
+    distributed = leaf if isinstance(leaf, Distributed) else None
+    offset = distributed.offset if distributed else ()
+    own = host
+    chunk_checksums: tuple[str, ...] = ()
+    if isinstance(leaf, Replicated):
+        chunks = replicated_chunks(host.shape, host.dtype.itemsize, size)
+        chunk_checksums = tuple(block_checksum(host[_rows(box)]) for box in chunks)
+        if rank >= len(chunks):  # a small array: the lower ranks write it
+            return LeafPlan(slot.path, leaf.kind, host.dtype.str, host.shape, (), None, "",
+                            leaf_encoding(leaf), chunk_checksums=chunk_checksums)
+        offset, own = chunks[rank][0], host[_rows(chunks[rank])]
+        checksum = chunk_checksums[rank]
+    encoded = _encoded(backend, slot.path, own)
+    if checksum is None and deferred is not None and encoded.restored is own:
+        checksum, deferred[slot.path] = LATER, own
+    elif checksum is None or encoded.restored is not own:
+        checksum = block_checksum(encoded.restored)
+    arrays[slot.path] = encoded.stored
+    return LeafPlan(
+        path=slot.path,
+        kind=leaf.kind,
+        dtype=host.dtype.str,
+        shape=host.shape,
+        offset=offset,
+        global_shape=distributed.global_shape if distributed else None,
+        checksum=checksum,
+        encoding=leaf_encoding(leaf),
+        stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
+        codec=encoded.codec,
+        chunk_checksums=chunk_checksums,
+    )
+
+
+def _encoded(backend: Backend | None, path: str, array: np.ndarray) -> Encoded:
+    """The bytes ``backend`` stores for ``array`` of leaf ``path`` (as it is without one)."""
+    return backend.encode(path, array) if backend is not None else Encoded(array, None, array)
+
+
+def _pack(
+    members: Sequence[tuple[PlannedMember, np.ndarray]],
+    backend: Backend | None,
+    arrays: dict[str, np.ndarray],
+    deferred: dict[str, np.ndarray] | None,
+    lent: list[np.ndarray] | None,
+) -> LeafPlan:
+    """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``
+    (and the block into ``deferred``, when given, to be checksummed later), its buffer
+    (from :data:`PACK_BUFFERS`) into ``lent`` when given."""
+    hosts = [host for _, host in members]
+    nbytes = sum(host.nbytes for host in hosts)
+    if lent is None:
+        buffer = aligned_empty((nbytes,), np.uint8)
+    else:
+        buffer = PACK_BUFFERS.take(nbytes)
+        lent.append(buffer)
+    block = packed_bytes(hosts, buffer[:nbytes])
+    encoded = _encoded(backend, PACK_PATH, block)
+    arrays[PACK_PATH] = encoded.stored
+    stored_bytes = None if encoded.codec is None else encoded.stored.nbytes
+    if deferred is not None:
+        deferred[PACK_PATH] = block
+    checksum = LATER if deferred is not None else block_checksum(block)
+    return pack_plan([member for member, _ in members], block.nbytes, checksum, stored_bytes, encoded.codec)
+
+
+def checksum_in_background(deferred: Mapping[str, np.ndarray]) -> Future[dict[str, str]]:
+    """Start checksumming the ``deferred`` arrays (by path) in a helper thread. Not collective.
+
+    Their checksums by path come from the returned future. The save starts it before
+    its write and collects it after the fsync, so the hashing runs while the disk is
+    busy: during a direct write, which leaves little for the fsync, as much as during
+    the write-back of a buffered one (xxh3 releases the GIL).
+    """
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-checksum")
+    try:
+        return pool.submit(lambda: {path: block_checksum(array) for path, array in deferred.items()})
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _rows(box: Box) -> Any:
+    """The index of a replicated chunk's rows (a 0-d array's: all of it)."""
+    offset, shape = box
+    return slice(offset[0], offset[0] + shape[0]) if shape else Ellipsis
+
+
+def start_device_copies(slots: Sequence[Slot]) -> dict[str, HostCopy]:
+    """Enqueue the device-to-host copy of every device array leaf in ``slots``, by path."""
+    return {
+        slot.path: STAGER.start_to_host(slot.value.array, slot.path)
+        for slot in slots
+        if isinstance(slot.value, ARRAY_LEAF_TYPES)
+        and not isinstance(slot.value, Pickled)
+        and is_device_array(slot.value.array)
+    }

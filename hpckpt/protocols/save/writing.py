@@ -1,0 +1,63 @@
+"""The write phase of a save: the backend's collective I/O into the step's temporary directory."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import TYPE_CHECKING
+
+from ..._comm import abort_job, await_everyone, describe_failure, io_deadline
+from ..._hooks import point
+from ...storage.base import Annotations
+from .context import SaveContext
+from .layout import Layout
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+def write_step(context: SaveContext, layout: Layout, annotations: Annotations) -> list[str]:
+    """Write this rank's blocks of ``layout``; return every file name of the step.
+
+    Collective over the save's communicator (the ``write`` phase). A backend whose
+    write makes collective calls inside its library is joined only once every rank has
+    arrived, so a rank that never joins is named. A rank that fails inside the I/O
+    aborts the job (:func:`abort_from_collective_io`): its peers may wait there forever.
+    """
+    backend, comm, temp = context.backend, context.comm, context.run_dir.temp_path(context.step)
+    phase = context.phases.name("write")
+
+    def write() -> list[str]:
+        try:
+            point("save.write")
+            if backend.capabilities.collective_write:  # a rank that never joins it is named here
+                await_everyone(comm, f"{phase} (before the collective I/O)")
+            with io_deadline(comm, phase, layout.written_bytes()):
+                point("save.collective_io")
+                written = backend.write(comm, temp, layout.records, layout.blocks, annotations)
+                point("save.written")
+                return written
+        except Exception as exc:
+            abort_from_collective_io(comm, phase, exc)
+            raise
+
+    files: list[str] = context.phases.run("write", write)
+    return files
+
+
+def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> None:
+    """Abort the job: a rank failed inside collective I/O, where peers may be waiting.
+
+    Prints which rank failed, where and why, then calls ``MPI_Abort`` on ``comm``.
+    Single-rank communicators return (the caller raises), as nobody can be left waiting.
+    """
+    if comm.size == 1:
+        return
+    print(
+        f"hpckpt: {describe_failure(exc, comm.rank)} in phase {phase!r} during collective I/O; "
+        "aborting the job because the other ranks may be waiting in that I/O. "
+        "The previous committed step is untouched.",
+        file=sys.stderr,
+    )
+    traceback.print_exc()
+    abort_job(comm, 1)

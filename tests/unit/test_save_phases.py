@@ -1,0 +1,131 @@
+"""The save's parts on one rank (``COMM_SELF``): staging, the three layout strategies, and
+the phases each path runs, in order (hpckpt/protocols/save/).
+
+Every path must issue the same agreed phases in the same order on every rank; these tests
+pin that order for each path, so that a change to it shows here before it hangs a job.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hpckpt
+from hpckpt.model.kinds import LeafKind
+from hpckpt.model.layout import AgreedLayout
+from hpckpt.model.manifest import PACK_PATH
+from hpckpt.model.plans import LATER, PACK_LIMIT, plan_digests
+from hpckpt.protocols.save import LayoutMemory, SaveRequest, StepSaver
+from hpckpt.protocols.save.agreement import agree_on_layout
+from hpckpt.protocols.save.context import SaveContext
+from hpckpt.protocols.save.group_layout import MergeInGroups
+from hpckpt.protocols.save.layout import LayoutPath, MergeOnRoot, ReuseAgreedLayout
+from hpckpt.protocols.save.phases import PhaseRunner
+from hpckpt.protocols.save.planning import PACK_BUFFERS, stage
+from hpckpt.protocols.save.request import SHARD_RANKS_ENV
+from hpckpt.storage import open_backend
+from hpckpt.storage.commit import RunDirectory
+from hpckpt.storage.retention import KeepNewest
+from tests.helpers import BACKENDS
+
+MPI = pytest.importorskip("mpi4py.MPI")
+
+
+def make_state(seed: int = 0) -> dict:
+    """One leaf of every kind, a small Local leaf that goes into the pack, and a value."""
+    rng = np.random.default_rng(seed)
+    return {
+        "field": hpckpt.Distributed(rng.random((6, 4)), global_shape=(6, 4), offset=(0, 0)),
+        "big": hpckpt.Local(rng.random(PACK_LIMIT // 8 + 1)),
+        "small": hpckpt.Local(np.arange(5, dtype=np.int32)),
+        "weights": hpckpt.Replicated(rng.random((3, 3))),
+        "iteration": seed,
+    }
+
+
+def context_for(tmp_path, backend_name: str, request: SaveRequest) -> SaveContext:
+    phases = PhaseRunner(MPI.COMM_SELF, request.phase_prefix)
+    return SaveContext(request, RunDirectory(tmp_path), open_backend(backend_name), phases, 0.0)
+
+
+def test_stage_packs_small_local_leaves_and_leaves_exact_checksums_for_later():
+    staged = stage(make_state(), open_backend("posix"), 0, 1, checksum_later=True)
+    kinds = {leaf.path: leaf.kind for leaf in staged.plan.leaves}
+    assert kinds == {"field": LeafKind.DISTRIBUTED, "big": LeafKind.LOCAL, "weights": LeafKind.REPLICATED,
+                     PACK_PATH: LeafKind.LOCAL}
+    assert {"big", "field", PACK_PATH} <= set(staged.later)
+    assert all(leaf.checksum == LATER for leaf in staged.plan.leaves if leaf.path in staged.later)
+    assert staged.plan.values == {"iteration": 0}
+    assert len(staged.lent) == 1  # the pack's buffer, to give back after the write
+    PACK_BUFFERS.give_back(staged.lent)
+
+
+def test_stage_of_a_save_that_compares_blocks_knows_every_checksum():
+    staged = stage(make_state(), open_backend("posix"), 0, 1, checksum_later=False)
+    assert not staged.later
+    assert LATER not in staged.known_checksums().values()
+    assert set(staged.known_checksums()) == {"field", "big", PACK_PATH}  # replicated: by chunk
+    assert list(staged.chunk_checksums()) == ["weights"]
+    assert staged.staged_bytes() == sum(array.nbytes for array in staged.arrays.values())
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_three_strategies_lay_out_the_same_blocks(tmp_path, backend_name):
+    """Merged on rank 0, merged in groups, and reused: the same records and blocks."""
+    context = context_for(tmp_path, backend_name, SaveRequest(1))
+    staged = stage(make_state(), context.backend, 0, 1, checksum_later=True)
+    on_root = MergeOnRoot(context, None, sharded=False).lay_out(staged)
+    in_groups = MergeInGroups(context, context.backend).lay_out(staged)  # type: ignore[arg-type]
+    assert in_groups is not None
+    assert on_root.path is LayoutPath.MERGED_ON_ROOT and in_groups.path is LayoutPath.MERGED_IN_GROUPS
+    assert in_groups.sharded and not on_root.sharded
+    memory = LayoutMemory()
+    agreed, trees_agree = agree_on_layout(MPI.COMM_SELF, 1, plan_digests(staged.plan), memory)
+    assert agreed is None and trees_agree  # nothing remembered yet
+
+    assert on_root.outline is not None
+    kept = AgreedLayout.of(1, plan_digests(staged.plan)[1], 0, 1, on_root.records, on_root.outline.nbytes)
+    reused = ReuseAgreedLayout(context, kept, sharded=False).lay_out(staged)
+    for layout in (in_groups, reused):
+        assert [(d.record.path, d.block) for d in layout.blocks] == [(d.record.path, d.block) for d in on_root.blocks]
+        assert layout.outline is not None and layout.outline.nbytes == on_root.outline.nbytes
+    PACK_BUFFERS.give_back(staged.lent)
+
+
+def test_a_bad_plan_raises_the_same_error_from_the_merge(tmp_path):
+    """A distributed leaf whose box leaves part of its array uncovered, in a complete save."""
+    context = context_for(tmp_path, "posix", SaveRequest(1))
+    state = {"field": hpckpt.Distributed(np.zeros((2, 2)), global_shape=(4, 2), offset=(0, 0))}
+    staged = stage(state, context.backend, 0, 1, checksum_later=True)
+    with pytest.raises(hpckpt.InvalidStateError, match="field"):
+        MergeOnRoot(context, None, sharded=False).lay_out(staged)
+    assert list(context.phases.seconds) == ["merge"]
+
+
+FIRST = ["plan", "merge", "prepare", "write", "sync", "commit", "retain"]
+REUSED = ["plan", "prepare", "write", "sync", "commit", "retain"]
+IN_GROUPS = ["plan", "plans to leaders", "merge in groups", "check the groups", "lay out in groups",
+             "prepare", "write", "sync", "shard", "commit", "retain"]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_each_path_runs_its_phases_in_order(tmp_path, backend_name, monkeypatch):
+    """A first save merges on rank 0, the next reuses its layout; from the shard rank
+    count on, saves merge in groups and write shards; an incremental save in groups first
+    chooses its base."""
+    backend = open_backend(backend_name)
+    saver = StepSaver(RunDirectory(tmp_path / "whole"), backend, (KeepNewest(2),), LayoutMemory())
+    first = saver.save(MPI.COMM_SELF, SaveRequest(1), make_state(1))
+    second = saver.save(MPI.COMM_SELF, SaveRequest(2), make_state(2))
+    assert list(first.seconds) == FIRST and first.plans_gathered and not first.merged_in_groups
+    assert list(second.seconds) == REUSED and not second.plans_gathered
+    monkeypatch.setenv(SHARD_RANKS_ENV, "1")
+    sharded = StepSaver(RunDirectory(tmp_path / "sharded"), backend, (KeepNewest(3),), LayoutMemory())
+    grouped = sharded.save(MPI.COMM_SELF, SaveRequest(1), make_state(1))
+    again = sharded.save(MPI.COMM_SELF, SaveRequest(2), make_state(2))
+    delta = sharded.save(MPI.COMM_SELF, SaveRequest(3, incremental=3), make_state(2))
+    assert list(grouped.seconds) == IN_GROUPS and grouped.merged_in_groups
+    assert list(again.seconds) == ["plan", "prepare", "write", "sync", "shard", "commit", "retain"]
+    assert list(delta.seconds) == ["plan", "choose the base", *IN_GROUPS[1:]]
+    assert delta.written_bytes < grouped.written_bytes  # the unchanged blocks are reused
+    assert sharded.run_dir.manifest(3).delta_base == 2
