@@ -12,7 +12,8 @@ def is_count(value: Any, minimum: int = 0) -> bool:
 
 def require_count(value: Any, name: str, minimum: int = 0, *, meaning: str = "") -> int:
     """``value`` if :func:`is_count`, else ValueError: "NAME must be an integer >= MINIMUM
-    (MEANING), got VALUE"."""
+    (MEANING), got VALUE".
+    """
     if not is_count(value, minimum):
         explained = f" ({meaning})" if meaning else ""
         raise ValueError(f"{name} must be an integer >= {minimum}{explained}, got {value!r}")

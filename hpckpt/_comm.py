@@ -84,14 +84,16 @@ def run_phase(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> T:
 
 def gather_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int = 0) -> list[T]:
     """Like :func:`run_phase`, and return every rank's result, indexed by rank, on
-    ``root`` (the others get an empty list). Collective over ``comm``."""
+    ``root`` (the others get an empty list). Collective over ``comm``.
+    """
     gathered = comm.gather(_agree(comm, phase, action), root=root)
     return gathered if gathered is not None else []
 
 
 def share_phase(comm: MPI.Comm, phase: str, action: Callable[[], T], root: int = 0) -> T:
     """Like :func:`run_phase`, and return ``root``'s result on every rank (a broadcast:
-    logarithmic, where gathering every rank's result grows with the ranks). Collective."""
+    logarithmic, where gathering every rank's result grows with the ranks). Collective.
+    """
     return comm.bcast(_agree(comm, phase, action), root=root)
 
 
@@ -99,14 +101,16 @@ def gather_in_groups(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> lis
     """Like :func:`gather_phase`, to the leader of each arrival group
     (:func:`arrival_group`) instead of rank 0: a leader gets its group's results in rank
     order (about sqrt(P) of them), the others None. Collective over ``comm``, whose ranks
-    all agree on the phase."""
+    all agree on the phase.
+    """
     return _groups(comm)[0].gather(_agree(comm, phase, action), root=0)
 
 
 def gather_from_leaders(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> list[T] | None:
     """Like :func:`run_phase`, and return the results of the arrival groups' leaders,
     in rank order, on rank 0 (about sqrt(P) of them); the others get None. Collective
-    over ``comm``: every rank runs ``action`` (a non-leader's result is dropped)."""
+    over ``comm``: every rank runs ``action`` (a non-leader's result is dropped).
+    """
     result = _agree(comm, phase, action)
     leaders = _groups(comm)[1]
     return None if leaders is None else leaders.gather(result, root=0)
@@ -115,20 +119,23 @@ def gather_from_leaders(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> 
 def scatter_in_groups(comm: MPI.Comm, phase: str, action: Callable[[], list[T] | None]) -> T:
     """Like :func:`scatter_phase`, from the leader of each arrival group: a leader's
     ``action`` returns one result per rank of its group (the others' return None), and
-    each rank gets its own. Collective over ``comm``, whose ranks all agree on the phase."""
+    each rank gets its own. Collective over ``comm``, whose ranks all agree on the phase.
+    """
     return _groups(comm)[0].scatter(_agree(comm, phase, action), root=0)
 
 
 def share_with_leaders(comm: MPI.Comm, value: T) -> T | None:
     """Rank 0's ``value`` on every arrival group's leader (a broadcast among them), None
-    on the other ranks. Collective over ``comm``; an agreed phase has made ``value``."""
+    on the other ranks. Collective over ``comm``; an agreed phase has made ``value``.
+    """
     leaders = _groups(comm)[1]
     return None if leaders is None else leaders.bcast(value, root=0)
 
 
 def scatter_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[T] | None], root: int = 0) -> T:
     """Like :func:`run_phase`; ``root``'s ``action`` returns one result per rank (the
-    others' return None), and each rank gets its own. Collective over ``comm``."""
+    others' return None), and each rank gets its own. Collective over ``comm``.
+    """
     return comm.scatter(_agree(comm, phase, action), root=root)
 
 
@@ -194,7 +201,8 @@ def _groups(comm: MPI.Comm) -> tuple[MPI.Comm, MPI.Comm | None]:
     """This rank's arrival group as a communicator (its leader is rank 0 there) and, on
     the leaders, the leaders' communicator (``comm``'s rank 0 first; None elsewhere).
     Made at the first call, which is collective over ``comm``; cached on ``comm`` and
-    freed with it."""
+    freed with it.
+    """
     from mpi4py import MPI
 
     global _groups_keyval
@@ -235,7 +243,8 @@ def _notices(comm: MPI.Comm) -> MPI.Comm:
 
 def await_everyone(comm: MPI.Comm, phase: str) -> None:
     """Return once every rank of ``comm`` has reached this call; abort the job, naming the
-    ranks that did not, after the deadline (see the module docstring). Collective."""
+    ranks that did not, after the deadline (see the module docstring). Collective.
+    """
     timeout = phase_timeout()
     if comm.size == 1 or timeout is None:
         return
@@ -282,7 +291,8 @@ def await_everyone(comm: MPI.Comm, phase: str) -> None:
 
 def arrival_group(rank: int, size: int) -> range:
     """The ranks whose arrival notices ``rank``'s group leader collects: ``ceil(sqrt(size))``
-    consecutive ranks (fewer in the last group), led by the first of them."""
+    consecutive ranks (fewer in the last group), led by the first of them.
+    """
     width = math.isqrt(size - 1) + 1 if size > 1 else 1
     start = rank // width * width
     return range(start, min(start + width, size))
@@ -300,7 +310,8 @@ def _unheard(leaders: list[int], size: int) -> str:
 def io_deadline(comm: MPI.Comm, phase: str, nbytes: int) -> Iterator[None]:
     """Abort the job, saying where, if the block takes longer than the phase timeout plus
     ``nbytes`` at :data:`IO_FLOOR_BANDWIDTH` (a peer that never joined the collective I/O
-    inside it). Not collective; a no-op on one rank or with the watchdog off."""
+    inside it). Not collective; a no-op on one rank or with the watchdog off.
+    """
     timeout = phase_timeout()
     if comm.size == 1 or timeout is None:
         yield

@@ -22,7 +22,8 @@ _was_enabled = False
 @contextmanager
 def collection_paused() -> Iterator[None]:
     """Pause the cyclic collector for the ``with`` block (nested and concurrent blocks
-    share one pause); it is enabled again after the last one if it was enabled before."""
+    share one pause); it is enabled again after the last one if it was enabled before.
+    """
     global _depth, _was_enabled
     with _lock:
         if _depth == 0:

@@ -148,7 +148,8 @@ class CheckpointReader:
 
     def record(self, path: str, step: int | None = None) -> LeafRecord:
         """The record of array leaf ``path`` of the saved tree (``Manifest.tree_leaves``:
-        a packed leaf's too); KeyError naming the leaves there are."""
+        a packed leaf's too); KeyError naming the leaves there are.
+        """
         manifest = self.manifest(step)
         for record in manifest.tree_leaves:
             if record.path == path:
@@ -209,7 +210,8 @@ class CheckpointReader:
         """The whole array of a Distributed or Replicated leaf ``path``.
 
         A bfloat16 leaf comes back as ``ml_dtypes.bfloat16`` numbers where ml_dtypes is
-        installed, else as its uint16 bits (as from :meth:`local_blocks`)."""
+        installed, else as its uint16 bits (as from :meth:`local_blocks`).
+        """
         manifest = self.manifest(step)
         record = self.record(path, manifest.step)
         if record.kind == LeafKind.LOCAL:

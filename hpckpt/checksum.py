@@ -32,7 +32,8 @@ def block_checksum(array: np.ndarray) -> str:
 
 def pieces_checksum(pieces: Iterable[np.ndarray]) -> str:
     """Return the hex ``xxh3_64`` digest of the bytes of ``pieces`` (uint8 arrays) in order:
-    the same digest as :func:`block_checksum` of their concatenation."""
+    the same digest as :func:`block_checksum` of their concatenation.
+    """
     digest = xxhash.xxh3_64()
     for piece in pieces:
         digest.update(piece.data)

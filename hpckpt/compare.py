@@ -23,7 +23,8 @@ from .model.reads import is_member
 def differences(first: CheckpointReader, first_step: int, second: CheckpointReader, second_step: int) -> list[str]:
     """What differs between ``first_step`` of ``first`` and ``second_step`` of
     ``second``: leaves and plain values of one only, other kinds, dtypes or shapes, and
-    arrays or values that are not bit for bit the same. Empty when the steps are equal."""
+    arrays or values that are not bit for bit the same. Empty when the steps are equal.
+    """
     one, other = first.manifest(first_step), second.manifest(second_step)
     found = [f"plain value {path!r}: {one.values.get(path, '(absent)')!r} != {other.values.get(path, '(absent)')!r}"
              for path in sorted(set(one.values) | set(other.values))

@@ -39,7 +39,8 @@ def _repairable(name: str) -> bool:
 @dataclass(frozen=True)
 class Retention:
     """Which committed steps stay: the ``keep`` newest (>= 1), plus the ``keep_best``
-    steps with the best metric (``best``: ``"min"`` or ``"max"``)."""
+    steps with the best metric (``best``: ``"min"`` or ``"max"``).
+    """
 
     keep: int = 3
     keep_best: int = 0
@@ -60,7 +61,8 @@ class Retention:
 class Storage:
     """Where and how steps are written: the backend (a name or an object) and its
     options, the Lustre striping of new step directories, and incremental saves (a full
-    step every ``incremental`` saves; 0: always full)."""
+    step every ``incremental`` saves; 0: always full).
+    """
 
     backend: str | Backend = "hdf5"
     backend_options: dict[str, Any] | None = None
@@ -93,7 +95,8 @@ class NodeLocal:
     """Multi-level checkpointing: every save to node-local storage under ``directory``
     (``"default"``: ``/dev/shm/hpckpt-<hash of the run directory>``) with ``redundancy``
     (``"none"``, ``"partner"``, ``"xor"`` over groups of ``group_size`` ranks), and
-    every ``flush_every``-th save also to the run directory (0: never)."""
+    every ``flush_every``-th save also to the run directory (0: never).
+    """
 
     directory: str | os.PathLike[str] = "default"
     redundancy: str = "none"
@@ -111,7 +114,8 @@ class NodeLocal:
 class Options:
     """Everything but the run directory and the communicator (see :class:`~hpckpt.Checkpointer`
     for each option's meaning). Raises ValueError naming the option for a value or a
-    combination that cannot work."""
+    combination that cannot work.
+    """
 
     protocol: str = "coordinated"
     retention: Retention = field(default_factory=Retention)
@@ -151,7 +155,8 @@ class Options:
     @classmethod
     def from_keywords(cls, **keywords: Unpack[OptionKeywords]) -> Options:
         """The options named by the flat keyword arguments of :class:`~hpckpt.Checkpointer`
-        (:class:`OptionKeywords`); the ones not given take the dataclasses' defaults."""
+        (:class:`OptionKeywords`); the ones not given take the dataclasses' defaults.
+        """
         unknown = sorted(set(keywords) - set(OptionKeywords.__annotations__))
         if unknown:
             raise TypeError(f"unknown option {unknown[0]!r}; the options are {', '.join(OptionKeywords.__annotations__)}")

@@ -24,7 +24,8 @@ READY_WAIT = 60.0  # seconds a held SIGUSR1/SIGUSR2 waits for the ranks to be re
 def launched(launcher: str, ranks: int | None, command: Sequence[str]) -> list[str]:
     """``command`` started on the ranks by ``launcher`` (one of :data:`LAUNCHERS`): srun
     with PMI-2 that ends the job step when a rank fails, or ``mpiexec``/``mpirun -n
-    ranks`` (``ranks`` defaults to ``$SLURM_NTASKS``). ValueError when mpiexec has no rank count."""
+    ranks`` (``ranks`` defaults to ``$SLURM_NTASKS``). ValueError when mpiexec has no rank count.
+    """
     if launcher == "srun":
         return ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", *(["-n", str(ranks)] if ranks else []), *command]
     count = ranks or os.environ.get("SLURM_NTASKS")
@@ -173,7 +174,8 @@ class _Attempt:
 
 def _unused_path(prefix: str) -> Path:
     """A file name no other file has, in the working directory (on a cluster the ranks'
-    nodes see it too) or else the temporary directory; the file itself is not there."""
+    nodes see it too) or else the temporary directory; the file itself is not there.
+    """
     try:
         fd, name = tempfile.mkstemp(prefix=prefix, dir=os.getcwd())
     except OSError:

@@ -91,7 +91,8 @@ class Restoring(Attachment):
 
     def _restore(self, state: Any, choice: RestoreChoice, allow_pickle: bool) -> int | None:
         """Restore ``state`` (a tree or a :class:`~.stateful.Stateful`) and set :attr:`last_restore`;
-        return its step, or None."""
+        return its step, or None.
+        """
         if isinstance(state, Stateful):  # it says itself what it can do without
             tree = state.checkpoint_tree(for_restore=True)
             loose = dataclasses.replace(choice, strict=False)

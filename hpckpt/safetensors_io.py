@@ -103,7 +103,8 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
 
 def _as_bfloat16(bits: np.ndarray) -> np.ndarray:
     """16-bit patterns as ``ml_dtypes.bfloat16`` numbers where ml_dtypes is installed (the
-    step then records them as bfloat16), else as they are."""
+    step then records them as bfloat16), else as they are.
+    """
     try:
         import ml_dtypes
     except ImportError:
@@ -119,7 +120,8 @@ def _little_endian(dtype: str) -> str:
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
     """The header of safetensors file ``path`` (tensors by name, and ``__metadata__``) and
-    where its data starts; CorruptCheckpointError saying what is wrong when it is not one."""
+    where its data starts; CorruptCheckpointError saying what is wrong when it is not one.
+    """
     size = os.path.getsize(path)
     with open(path, "rb") as handle:
         prefix = handle.read(8)

@@ -180,7 +180,8 @@ class JobControl:
     def _tell_hpckpt_run(self, reason: str) -> None:
         """Write the stop reason on rank 0 into ``HPCKPT_STOP_FILE``: ``hpckpt run`` then
         knows the ranks were told to stop with a checkpoint even where the launcher loses
-        their exit status 75 (MPICH's mpiexec can report 0 after it passes on a signal)."""
+        their exit status 75 (MPICH's mpiexec can report 0 after it passes on a signal).
+        """
         stop_file = os.environ.get(STOP_FILE_ENV)
         if stop_file and self.comm.rank == 0:
             Path(stop_file).write_text(reason + "\n")

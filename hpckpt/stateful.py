@@ -1,5 +1,6 @@
 """What :meth:`hpckpt.Checkpointer.save` and :meth:`~hpckpt.Checkpointer.restore` take in
-place of a tree: an object that says itself what to save and where restored values go."""
+place of a tree: an object that says itself what to save and where restored values go.
+"""
 
 from __future__ import annotations
 

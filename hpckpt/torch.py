@@ -75,7 +75,8 @@ class TrainingState:
 
     def checkpoint_tree(self, *, for_restore: bool = False) -> dict[str, Any]:
         """The tree that ``Checkpointer.save`` writes, over the live tensors; for a
-        restore, the optimizers' state is created first where it does not exist yet."""
+        restore, the optimizers' state is created first where it does not exist yet.
+        """
         if for_restore:
             for optimizer in self.optimizers:
                 _create_state(optimizer)
@@ -124,7 +125,8 @@ class TrainingState:
 def _hyper(path: str) -> bool:
     """True for a hyper-parameter of a param group (``optimizers/i/param_groups/g/key``,
     not its parameter list): one that only the step or only the optimizer has (another
-    torch version, a scheduler's ``initial_lr``) is no mismatch; the optimizer keeps its own."""
+    torch version, a scheduler's ``initial_lr``) is no mismatch; the optimizer keeps its own.
+    """
     parts = path.split("/")
     return len(parts) == 5 and parts[0] == "optimizers" and parts[2] == "param_groups" and parts[4] != "params"
 
@@ -174,7 +176,8 @@ def _load_optimizer(optimizer: Any, saved: dict[str, Any]) -> None:
 
 def _create_state(optimizer: Any) -> None:
     """Create ``optimizer``'s state as its first step would, without changing a parameter:
-    one step at learning rate 0 on zero gradients, then the gradients cleared."""
+    one step at learning rate 0 on zero gradients, then the gradients cleared.
+    """
     if optimizer.state:
         return
     import torch
@@ -196,7 +199,8 @@ def _create_state(optimizer: Any) -> None:
 def _leaf(tensor: Any) -> Replicated | Distributed:
     """The hpckpt leaf over ``tensor``'s memory: a ``DTensor`` sharded over every rank
     (FSDP2) is a Distributed leaf of its local shard at its global offset; any other
-    tensor, the same on every rank, is Replicated (a 0-d one as a 1-element view)."""
+    tensor, the same on every rank, is Replicated (a 0-d one as a 1-element view).
+    """
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     if not isinstance(tensor, DTensor):

@@ -24,7 +24,15 @@ from mpi4py import MPI
 import hpckpt
 from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
 
-from common import fresh_directory, print_bandwidths, rank_rows, time_ways, write_plain_adios2, write_plain_h5py, write_raw
+from common import (
+    fresh_directory,
+    print_bandwidths,
+    rank_rows,
+    time_ways,
+    write_plain_adios2,
+    write_plain_h5py,
+    write_raw,
+)
 
 
 def main() -> None:

@@ -68,7 +68,15 @@ from hpckpt._comm import arrival_group
 from hpckpt._gc import collection_paused
 from hpckpt.checksum import ALGORITHM, text_checksum
 from hpckpt.model.boxes import check_tiling
-from hpckpt.model.delta import Delta, GroupWrites, all_group_writes, compose, group_writes, plan_delta, to_write
+from hpckpt.model.delta import (
+    Delta,
+    GroupWrites,
+    all_group_writes,
+    compose,
+    group_writes,
+    plan_delta,
+    to_write,
+)
 from hpckpt.model.group_merge import check_groups, merge_group
 from hpckpt.model.layout import AgreedLayout, fill_checksums, merge_plans, records_by_rank
 from hpckpt.model.manifest import Block, LeafRecord, Manifest, Shard, shard_bounds, shard_json
@@ -122,13 +130,13 @@ def synthetic_plans(ranks: int, leaves: int, packed: bool = False) -> list[RankP
             own.append(pack_plan([("rng", "<u8", (words,), None)], 8 * words, f"{rank:016x}", None, None))
         for leaf in range(arrays // 2):
             checksum = f"{int(rng.integers(1 << 62)):016x}"
-            own.append(LeafPlan(f"field/{leaf}", "distributed", "<f8", (ROWS, 16), (rank * ROWS, 0), (ranks * ROWS, 16),
-                                checksum))  # fmt: skip
+            own.append(LeafPlan(f"field/{leaf}", "distributed", "<f8", (ROWS, 16), (rank * ROWS, 0),
+                                (ranks * ROWS, 16), checksum))
         for leaf in range(arrays - arrays // 2):
             shared = f"{leaf:016x}"
             chunk = ((0,), (16,)) if rank == 0 else None
-            own.append(LeafPlan(f"weights/{leaf}", "replicated", "<f4", (16,), chunk[0] if chunk else (), None,
-                                shared if chunk else "", chunk_checksums=(shared,)))  # fmt: skip
+            own.append(LeafPlan(f"weights/{leaf}", "replicated", "<f4", (16,), chunk[0] if chunk else (),
+                                None, shared if chunk else "", chunk_checksums=(shared,)))
         plans.append(RankPlan(tuple(own), {"iteration": 10, "name": "run"}))
     return plans
 
@@ -140,7 +148,9 @@ def seconds(action: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def grid_boxes(ranks: int, ndim: int) -> tuple[tuple[int, ...], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
+def grid_boxes(
+    ranks: int, ndim: int
+) -> tuple[tuple[int, ...], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
     """A tensor-product decomposition of about ``ranks`` cells in ``ndim`` dimensions."""
     side = round(ranks ** (1 / ndim))
     parts = [side] * (ndim - 1) + [max(1, ranks // side ** (ndim - 1))]
@@ -149,14 +159,17 @@ def grid_boxes(ranks: int, ndim: int) -> tuple[tuple[int, ...], dict[int, tuple[
     return tuple(4 * count for count in parts), boxes
 
 
-def bisection_boxes(ranks: int) -> tuple[tuple[int, ...], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
+def bisection_boxes(
+    ranks: int,
+) -> tuple[tuple[int, ...], dict[int, tuple[tuple[int, ...], tuple[int, ...]]]]:
     """A 3-D orthogonal recursive bisection into ``ranks`` boxes (uneven cuts, axes in turn)."""
     rng = np.random.default_rng(0)
     shape = (1 << 20,) * 3
     boxes = [((0, 0, 0), shape)]
     level = 0
     while len(boxes) < ranks:
-        axis, halves, splits = level % 3, [], ranks - len(boxes)  # the last level splits only as many as needed
+        # the last level splits only as many as needed
+        axis, halves, splits = level % 3, [], ranks - len(boxes)
         for number, (offset, extent) in enumerate(boxes):
             if number >= splits:
                 halves.append((offset, extent))
@@ -164,12 +177,14 @@ def bisection_boxes(ranks: int) -> tuple[tuple[int, ...], dict[int, tuple[tuple[
             cut = int(extent[axis] * rng.uniform(0.3, 0.7))
             low = tuple(cut if a == axis else n for a, n in enumerate(extent))
             high = tuple(n - cut if a == axis else n for a, n in enumerate(extent))
-            halves += [(offset, low), (tuple(o + cut if a == axis else o for a, o in enumerate(offset)), high)]
+            moved = tuple(o + cut if a == axis else o for a, o in enumerate(offset))
+            halves += [(offset, low), (moved, high)]
         boxes, level = halves, level + 1
     return shape, dict(enumerate(boxes))
 
 
-@collection_paused()  # as in the library's save and restore: else full collections walk every record made so far
+# as in the library's save and restore: else full collections walk every record made so far
+@collection_paused()
 def measure(ranks: int, leaves: int) -> dict[str, Any]:
     """Every part at ``ranks`` ranks (run in a child process: its peak memory is this one's)."""
     plans = synthetic_plans(ranks, leaves)
@@ -177,31 +192,41 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
     found["first_bytes"] = len(pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL))
     found["merge_s"], (records, values) = seconds(lambda: merge_plans(plans))
     for backend in (PosixBackend(), HDF5Backend(), ADIOS2Backend()):
-        found[f"layout_{backend.name}_s"], placed = seconds(lambda backend=backend: backend.layout(records))
+        found[f"layout_{backend.name}_s"], placed = seconds(
+            lambda backend=backend: backend.layout(records))
     placed = PosixBackend().layout(records)
     found["parts_s"], parts = seconds(lambda: PosixBackend().parts(placed, range(ranks)))
     found["part_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
-    found["keep_s"] = seconds(lambda: AgreedLayout.of(1, plan_digests(plans[1])[1], 1, ranks, parts[1], 0))[0]
+    found["keep_s"] = seconds(
+        lambda: AgreedLayout.of(1, plan_digests(plans[1])[1], 1, ranks, parts[1], 0))[0]
     kept = AgreedLayout.of(1, plan_digests(plans[0])[1], 0, ranks, placed, 0)  # rank 0's: every record
     found["later_s"] = min(seconds(lambda: plan_digests(plans[1]))[0] for _ in range(20))
     found["later_bytes"] = 7 * 8
     reports = [
-        ({f"data-{rank:05d}.bin": 1 << 20}, {leaf.path: leaf.checksum for leaf in plan.leaves if leaf.kind == "distributed"})
+        (
+            {f"data-{rank:05d}.bin": 1 << 20},
+            {leaf.path: leaf.checksum for leaf in plan.leaves if leaf.kind == "distributed"},
+        )
         for rank, plan in enumerate(plans)
     ]
     found["sync_bytes"] = len(pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL))
     chunks = {leaf.path: leaf.chunk_checksums for leaf in plans[0].leaves if leaf.kind == "replicated"}
 
-    files: dict[str, int | None] = {f"data-{rank:05d}.bin": 1 << 20 for rank in range(ranks)}  # posix: a file per rank
+    # posix: a file per rank
+    files: dict[str, int | None] = {f"data-{rank:05d}.bin": 1 << 20 for rank in range(ranks)}
 
     def manifest_text() -> str:
         filled = fill_checksums(kept.records, [sums for _, sums in reports], chunks)
-        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", filled, values, 0.0, 0.0, files=files).to_json()
+        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", filled, values, 0.0, 0.0,
+                        files=files).to_json()
 
     found["manifest_s"], text = seconds(manifest_text)
     found["manifest_bytes"] = len(text)
-    requests = [ReadRequest(rank, {leaf.path: (leaf.offset, leaf.shape) for leaf in plan.leaves if leaf.kind == "distributed"})
-                for rank, plan in enumerate(plans)]  # fmt: skip
+    requests = [
+        ReadRequest(rank, {leaf.path: (leaf.offset, leaf.shape)
+                           for leaf in plan.leaves if leaf.kind == "distributed"})
+        for rank, plan in enumerate(plans)
+    ]
 
     def cut_parts() -> list[Manifest]:
         whole, index = Manifest.from_json(text, "bench"), BlockIndex()
@@ -226,7 +251,8 @@ def box_checks(rank_counts: list[int], rounds: int = 15) -> dict[int, dict[str, 
     round, so that a slow spell of a shared machine slows every count alike instead of
     one count's child process."""
     cases = {(count, name): case for count in rank_counts for name, case in
-             zip(BOX_SHAPES, (grid_boxes(count, 1), grid_boxes(count, 2), grid_boxes(count, 3), bisection_boxes(count)))}
+             zip(BOX_SHAPES, (grid_boxes(count, 1), grid_boxes(count, 2), grid_boxes(count, 3),
+                              bisection_boxes(count)))}
     best = dict.fromkeys(cases, math.inf)
     for _ in range(rounds):
         for key, (shape, boxes) in cases.items():
@@ -239,7 +265,8 @@ def measure_groups(ranks: int, leaves: int) -> dict[str, Any]:
     """The first save merged in groups alone (:func:`in_groups`), at ``ranks`` ranks of
     ``leaves`` leaves: a merge of every plan on rank 0 at 100 leaves x 100k ranks would
     need about 20 GB here."""
-    found = {"ranks": ranks, "leaves": leaves, **in_groups(ranks, synthetic_plans(ranks, leaves, packed=True))}
+    found = {"ranks": ranks, "leaves": leaves,
+             **in_groups(ranks, synthetic_plans(ranks, leaves, packed=True))}
     found["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return found
 
@@ -258,12 +285,14 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     from mpi4py import MPI
 
     first = arrival_group(0, ranks)
-    found: dict[str, Any] = {"group_plans_bytes": len(pickle.dumps(plans[first.start : first.stop],
-                                                                    protocol=pickle.HIGHEST_PROTOCOL))}  # fmt: skip
-    found["group_merge_s"], (records, _) = seconds(lambda: merge_group(plans[first.start : first.stop], first.start, ranks))
+    found: dict[str, Any] = {
+        "group_plans_bytes": len(pickle.dumps(plans[first.start : first.stop], protocol=pickle.HIGHEST_PROTOCOL))
+    }
+    found["group_merge_s"], (records, _) = seconds(
+        lambda: merge_group(plans[first.start : first.stop], first.start, ranks))
     hdf5 = HDF5Backend(direct_io=False)
     backends = {"adios2": ADIOS2Backend(), "hdf5": hdf5, "posix": PosixBackend(),
-                "posix_shared": PosixBackend(ranks_per_file=SHARED_FILE_RANKS)}  # fmt: skip
+                "posix_shared": PosixBackend(ranks_per_file=SHARED_FILE_RANKS)}
     summaries, extents = [], {name: [] for name in backends}  # type: ignore[var-annotated]
     for leader in range(0, ranks, len(first)):
         group = arrival_group(leader, ranks)
@@ -271,8 +300,10 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
         summaries.append(summary)
         for name, backend in backends.items():
             extents[name].append(backend.group_extent(group_records, group))
-    found["summaries_bytes"] = max(len(pickle.dumps(list(zip(summaries, extents[name])), protocol=pickle.HIGHEST_PROTOCOL))
-                                   for name in backends)  # fmt: skip
+    found["summaries_bytes"] = max(
+        len(pickle.dumps(list(zip(summaries, extents[name])), protocol=pickle.HIGHEST_PROTOCOL))
+        for name in backends
+    )
     found["check_groups_s"], verdict = seconds(lambda: check_groups(summaries))
     assert verdict is not None
     starts, starts_bytes = {}, []
@@ -284,18 +315,21 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     found["starts_bytes"] = max(starts_bytes)
     for name, backend in backends.items():
         found[f"group_layout_{name}_s"], parts = seconds(
-            lambda backend=backend, start=starts[name][0]: backend.parts(backend.layout(records, start), first))
+            lambda backend=backend, start=starts[name][0]: backend.parts(
+                backend.layout(records, start), first))
         found["group_part_bytes" if name != "posix_shared" else "group_part_shared_bytes"] = len(
             pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
     found["headers_layout_s"], headers = seconds(lambda: hdf5.layout(verdict.headers, starts["hdf5"][0]))
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
-        found["hdf5_create_s"] = seconds(lambda: hdf5.write(MPI.COMM_SELF, Path(scratch), headers, []))[0]
-    found.update(incremental_in_groups(ranks, records, verdict.headers, backends["posix"], starts["posix"][0]))
+        found["hdf5_create_s"] = seconds(
+            lambda: hdf5.write(MPI.COMM_SELF, Path(scratch), headers, []))[0]
+    found.update(
+        incremental_in_groups(ranks, records, verdict.headers, backends["posix"], starts["posix"][0]))
     return found
 
 
 def incremental_in_groups(ranks: int, records: tuple[LeafRecord, ...], headers: tuple[LeafRecord, ...],
-                          backend: PosixBackend, start: Any) -> dict[str, Any]:  # fmt: skip
+                          backend: PosixBackend, start: Any) -> dict[str, Any]:
     """An incremental save merged in groups, whose base is a sharded step of the same
     layout in which one leaf changed on every rank: what rank 0 sends each leader (the
     base's manifest without blocks, its shards without bounds), what the first group's
@@ -306,16 +340,20 @@ def incremental_in_groups(ranks: int, records: tuple[LeafRecord, ...], headers: 
     leaders = range(0, ranks, len(first))
     stored = backend.layout(records, start)
     text = shard_json(1, first.start, first.stop, {record.path: list(record.blocks) for record in stored})
-    shards = tuple(Shard(shard_name(leader), leader, arrival_group(leader, ranks).stop, text_checksum(text), {})
-                   for leader in leaders)  # fmt: skip
-    base = Manifest(1, "coordinated", backend.name, ranks, ALGORITHM, backend.layout(headers), {}, 0.0, 0.0, shards=shards)
+    shards = tuple(
+        Shard(shard_name(leader), leader, arrival_group(leader, ranks).stop, text_checksum(text), {})
+        for leader in leaders
+    )
+    base = Manifest(1, "coordinated", backend.name, ranks, ALGORITHM, backend.layout(headers), {}, 0.0, 0.0,
+                    shards=shards)
     found: dict[str, Any] = {"delta_base_bytes": len(pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL))}
-    changed = (replace(records[0], blocks=tuple(replace(block, checksum="changed") for block in records[0].blocks)),
-               *records[1:])  # fmt: skip
+    changed = (replace(records[0],
+                       blocks=tuple(replace(block, checksum="changed") for block in records[0].blocks)),
+               *records[1:])
 
     def compare() -> tuple[tuple[LeafRecord, ...], GroupWrites]:
         held = base.with_shard_blocks("bench", {shard_name(first.start): text}.__getitem__,
-                                      lambda shard: shard.first < first.stop and first.start < shard.stop)  # fmt: skip
+                                      lambda shard: shard.first < first.stop and first.start < shard.stop)
         delta = plan_delta(changed, held, backend.name, ALGORITHM)
         written = to_write(changed, delta)
         backend.group_extent(written, first)
@@ -324,7 +362,10 @@ def incremental_in_groups(ranks: int, records: tuple[LeafRecord, ...], headers: 
     found["delta_group_s"], (written, writes) = seconds(compare)
     assert writes.paths == {records[0].path} and writes.in_steps == {1}, writes
     found["delta_layout_s"] = seconds(lambda: backend.parts(backend.layout(written, start), first))[0]
-    found["delta_summaries_bytes"] = len(pickle.dumps(writes, protocol=pickle.HIGHEST_PROTOCOL)) * len(leaders)  # one each
+    # one each
+    found["delta_summaries_bytes"] = (
+        len(pickle.dumps(writes, protocol=pickle.HIGHEST_PROTOCOL)) * len(leaders)
+    )
     locations = {record.path: record.location for record in base.leaves}
 
     def add_up() -> tuple[LeafRecord, ...]:  # as MergeInGroups on rank 0, every leader's summary alike
@@ -338,14 +379,16 @@ def incremental_in_groups(ranks: int, records: tuple[LeafRecord, ...], headers: 
 
 def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dict[str, int], dict[str, str]]],
             chunks: dict[str, tuple[str, ...]], values: dict[str, Any],
-            requests: list[ReadRequest]) -> dict[str, Any]:  # fmt: skip
+            requests: list[ReadRequest]) -> dict[str, Any]:
     """A sharded manifest (from 1024 ranks on): what the leader of the first group receives
     and writes in a save, what rank 0 receives and writes, and what the leader of a group
     in the middle reads and cuts in a restore on as many ranks."""
-    by_rank = records_by_rank(records, range(ranks))  # each rank's own blocks, as it holds them after the merge
+    # each rank's own blocks, as it holds them after the merge
+    by_rank = records_by_rank(records, range(ranks))
 
     def report_of(rank: int) -> tuple[dict[str, int], dict[str, Block]]:
-        blocks = [BlockData(record, record.blocks[0], np.empty(0)) for record in by_rank[rank] if record.blocks]
+        blocks = [BlockData(record, record.blocks[0], np.empty(0))
+                  for record in by_rank[rank] if record.blocks]
         return own_report(reports[rank], blocks, rank, chunks)
 
     def blocks_of(group: range) -> dict[str, list[Block]]:
@@ -356,13 +399,16 @@ def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dic
         return blocks
 
     first, middle = arrival_group(0, ranks), arrival_group(ranks // 2, ranks)
-    found: dict[str, Any] = {"shard_sync_bytes": len(pickle.dumps([report_of(rank) for rank in first],
-                                                                   protocol=pickle.HIGHEST_PROTOCOL))}  # fmt: skip
+    found: dict[str, Any] = {
+        "shard_sync_bytes": len(pickle.dumps([report_of(rank) for rank in first], protocol=pickle.HIGHEST_PROTOCOL))
+    }
     found["shard_s"], text = seconds(lambda: shard_json(ranks, first.start, first.stop, blocks_of(first)))
     found["shard_bytes"] = len(text)
-    texts = {shard_name(group.start): shard_json(ranks, group.start, group.stop, blocks_of(group)) for group in (first, middle)}
+    texts = {shard_name(group.start): shard_json(ranks, group.start, group.stop, blocks_of(group))
+             for group in (first, middle)}
     from_leaders = []
-    for leader in range(0, ranks, len(first)):  # the bounds as each leader finds them; checksums of the texts made
+    # the bounds as each leader finds them; checksums of the texts made
+    for leader in range(0, ranks, len(first)):
         group = arrival_group(leader, ranks)
         placed: dict[str, list[Block]] = {}
         for rank in group:
@@ -371,21 +417,22 @@ def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dic
         bounds = shard_bounds(placed)
         checksum = text_checksum(texts[shard_name(leader)]) if shard_name(leader) in texts else "0" * 16
         from_leaders.append(({f"data-{rank:05d}.bin": 1 << 20 for rank in group},
-                             Shard(shard_name(leader), leader, group.stop, checksum, bounds)))  # fmt: skip
+                             Shard(shard_name(leader), leader, group.stop, checksum, bounds)))
     found["leaders_bytes"] = len(pickle.dumps(from_leaders, protocol=pickle.HIGHEST_PROTOCOL))
 
     def top() -> str:
         files = merge_sizes(sizes for sizes, _ in from_leaders)
         bare = tuple(replace(record, blocks=()) for record in records)
-        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", bare, values, 0.0, 0.0, files=dict(files),
-                        shards=tuple(entry for _, entry in from_leaders)).to_json()  # fmt: skip
+        return Manifest(ranks, "coordinated", "posix", ranks, "xxh3_64", bare, values, 0.0, 0.0,
+                        files=dict(files), shards=tuple(entry for _, entry in from_leaders)).to_json()
 
     found["top_s"], top_text = seconds(top)
     found["top_bytes"] = len(top_text)
     asked = [requests[rank] for rank in middle]
 
     bare = Manifest.from_json(top_text, "bench", wanted=lambda _shard: False)  # as rank 0 reads it
-    found["shard_top_bytes"] = len(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL))  # what it sends each leader
+    # what it sends each leader
+    found["shard_top_bytes"] = len(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL))
 
     def leader_restore() -> tuple[set[str], list[Manifest]]:
         needed = shards_for(bare, asked)
@@ -395,7 +442,8 @@ def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dic
 
     found["shard_restore_s"], (needed, parts) = seconds(leader_restore)
     found["shard_restore_read"] = len(needed)
-    assert needed == {shard_name(first.start), shard_name(middle.start)}, needed  # its own, and rank 0's replicated chunks
+    # its own, and rank 0's replicated chunks
+    assert needed == {shard_name(first.start), shard_name(middle.start)}, needed
     found["shard_restore_bytes"] = len(pickle.dumps(parts[1], protocol=pickle.HIGHEST_PROTOCOL))
     return found
 
@@ -428,7 +476,8 @@ class CountingComm:
                 buffer = args[1] if name == "Allreduce" else args[0]  # an array, or [array, datatype]
                 received = np.asarray(buffer[0] if isinstance(buffer, (list, tuple)) else buffer).nbytes
             else:
-                received = 0 if result is None else len(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+                received = (0 if result is None
+                            else len(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)))
             self._tally.append((name, received))
             return result
 
@@ -452,12 +501,16 @@ def count_collectives(out: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
     world.Barrier()
     saves = []
-    with hpckpt.Checkpointer(directory, comm=CountingComm(world, tally), backend="posix", keep=1) as checkpointer:
+    with hpckpt.Checkpointer(directory, comm=CountingComm(world, tally), backend="posix",
+                             keep=1) as checkpointer:
         for step in (1, 2, 3, 4):
-            rows, whole, offset = np.full((ROWS, 16), float(min(step, 3))), (world.size * ROWS, 16), (world.rank * ROWS, 0)
+            rows = np.full((ROWS, 16), float(min(step, 3)))
+            whole, offset = (world.size * ROWS, 16), (world.rank * ROWS, 0)
             state = {
-                "field": {str(leaf): hpckpt.Distributed(rows, global_shape=whole, offset=offset) for leaf in range(10)},
-                "weights": {str(leaf): hpckpt.Replicated(np.full(16, float(leaf), dtype=np.float32)) for leaf in range(10)},
+                "field": {str(leaf): hpckpt.Distributed(rows, global_shape=whole, offset=offset)
+                          for leaf in range(10)},
+                "weights": {str(leaf): hpckpt.Replicated(np.full(16, float(leaf), dtype=np.float32))
+                            for leaf in range(10)},
                 "iteration": step,
             }
             if step == 4:  # incremental over step 3: one leaf changed
@@ -466,10 +519,11 @@ def count_collectives(out: Path) -> None:
             checkpointer.save(step, state, base=3 if step == 4 else None)
             saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally),
                           "gathered": checkpointer.last_save.plans_gathered,
-                          "grouped": checkpointer.last_save.merged_in_groups})  # fmt: skip
+                          "grouped": checkpointer.last_save.merged_in_groups})
         del tally[:]
         checkpointer.restore(state)
-        saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally), "gathered": False, "grouped": False})
+        saves.append({"calls": len(tally), "received": sum(nbytes for _, nbytes in tally),
+                      "gathered": False, "grouped": False})
     every = world.gather(saves, root=0)
     if world.rank == 0:
         out.write_text(json.dumps(every))
@@ -478,7 +532,8 @@ def count_collectives(out: Path) -> None:
 
 def run_child(command: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
     """The output of ``command``, run in a process group of its own that a timeout kills
-    whole, ranks included (``tests/processes.py``); RuntimeError with its errors when it fails."""
+    whole, ranks included (``tests/processes.py``); RuntimeError with its errors when it
+    fails."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.processes import run_group
 
@@ -488,7 +543,9 @@ def run_child(command: list[str], timeout: float, env: dict[str, str] | None = N
     return run.stdout
 
 
-def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str, Any], sharded: bool) -> list[str]:
+def check_model(
+    sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str, Any], sharded: bool
+) -> list[str]:
     """Run :func:`count_collectives` at each of ``sizes`` ranks, ``sharded`` (from 2 ranks
     on: the first save merged in groups, the manifest sharded, the restore through the
     leaders) or not; print what each rank received per save and in the restore (and put
@@ -497,10 +554,12 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str
     failed = []
     what = "sharded from 2 ranks on" if sharded else "unsharded"
     print(f"real MPI, 20 leaves per rank, posix, {what}: collective calls and bytes received per rank")
-    print(f"{'ranks':>6s}  {'call':>20s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  {'leaders (B)':>11s}  "
-          f"{'others, most (B)':>16s}")  # fmt: skip
+    print(f"{'ranks':>6s}  {'call':>20s}  {'plans':>8s}  {'calls':>5s}  {'rank 0 (B)':>10s}  "
+          f"{'leaders (B)':>11s}  {'others, most (B)':>16s}")
     calls = ("save 1", "save 2", "save 3", "save 4 (incremental)", "restore")
-    most_of: dict[str, dict[int, int]] = {"a first save": {}, "a later save": {}, "an incremental save": {}, "a restore": {}}
+    most_of: dict[str, dict[int, int]] = {
+        "a first save": {}, "a later save": {}, "an incremental save": {}, "a restore": {}
+    }
     env = {**os.environ, SHARD_RANKS_ENV: "2" if sharded else ""}
     for size in sizes:
         out = scratch / f"scale-count-{size}.json"
@@ -517,15 +576,17 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str
             led = max((counts[rank]["received"] for rank in leaders if rank), default=0)
             plans = "" if call == "restore" else "rank 0" if counts[0]["gathered"] else "reused"
             plans = "groups" if counts[0]["grouped"] else plans
-            print(f"{size:6d}  {call:>20s}  {plans:>8s}  {counts[1]['calls']:5d}  {counts[0]['received']:10d}  {led:11d}  "
-                  f"{most:16d}")  # fmt: skip
+            print(f"{size:6d}  {call:>20s}  {plans:>8s}  {counts[1]['calls']:5d}  "
+                  f"{counts[0]['received']:10d}  {led:11d}  {most:16d}")
             merged = number in (0, 3)  # the first save and the incremental one merge the plans
             if call != "restore" and any((count["gathered"], count["grouped"]) != (merged, sharded and merged)
-                                         for count in counts):  # fmt: skip
+                                         for count in counts):
                 failed.append(f"{size} ranks, {what}, {call}: plans merged {plans}")
             if number != 1:
-                most_of[("a first save", "", "a later save", "an incremental save", "a restore")[number]][size] = most
-    for call, most in most_of.items():  # within 1%: a part pickles a few bytes longer when its blocks come from two shards
+                name = ("a first save", "", "a later save", "an incremental save", "a restore")[number]
+                most_of[name][size] = most
+    # within 1%: a part pickles a few bytes longer when its blocks come from two shards
+    for call, most in most_of.items():
         if max(most.values()) > 1.01 * min(most.values()):
             failed.append(f"{what}: the bytes {call} brings the others depend on the ranks: {most}")
     return failed
@@ -533,8 +594,11 @@ def check_model(sizes: list[int], mpiexec: str, scratch: Path, counted: dict[str
 
 def exponents(points: list[dict[str, Any]], key: str) -> list[float]:
     """The growth exponent of ``key`` between consecutive rank counts."""
-    return [math.log(b[key] / a[key]) / math.log(b["ranks"] / a["ranks"]) if a[key] > 0 and b[key] > 0 else float("nan")
-            for a, b in itertools.pairwise(points)]  # fmt: skip
+    return [
+        math.log(b[key] / a[key]) / math.log(b["ranks"] / a["ranks"])
+        if a[key] > 0 and b[key] > 0 else float("nan")
+        for a, b in itertools.pairwise(points)
+    ]
 
 
 PARTS = [  # (key, heading, unit)
@@ -593,7 +657,8 @@ PARTS = [  # (key, heading, unit)
 ]
 
 
-RECEIVED = {  # what each rank receives in a save merged in groups (an incremental one: the delta's too)
+# what each rank receives in a save merged in groups (an incremental one: the delta's too)
+RECEIVED = {
     "a leader": ("group_plans_bytes", "starts_bytes", "delta_base_bytes"),
     "rank 0": ("group_plans_bytes", "summaries_bytes", "delta_summaries_bytes"),  # it leads the first group
     "another rank": ("group_part_bytes",),
@@ -612,14 +677,15 @@ def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
     last, failed = grouped[-1], []
     received = {who: sum(last[key] for key in keys) for who, keys in RECEIVED.items()}
     most = max(received.values())
-    leader = last["group_merge_s"] + last["delta_group_s"] + max(last[f"group_layout_{name}_s"] for name in LAID_OUT)
+    layout = max(last[f"group_layout_{name}_s"] for name in LAID_OUT)
+    leader = last["group_merge_s"] + last["delta_group_s"] + layout
     starts = max(last[f"group_starts_{name}_s"] for name in LAID_OUT)
     root = leader + last["check_groups_s"] + starts + last["headers_layout_s"] + last["delta_root_s"]
-    print(f"bench_scale: a save in groups at {last['ranks']:,d} ranks x {last['leaves']} leaves (one a pack of Local "
-          f"leaves), incremental or not: any rank receives at most {most / 1e6:.2f} MB ("
+    print(f"bench_scale: a save in groups at {last['ranks']:,d} ranks x {last['leaves']} leaves "
+          f"(one a pack of Local leaves), incremental or not: any rank receives at most {most / 1e6:.2f} MB ("
           + ", ".join(f"{who} {count / 1e6:.2f}" for who, count in received.items())
-          + f"); a leader plans for {leader:.3f} s, rank 0 for {root:.3f} s, and hdf5's rank 0 creates data.h5 in "
-          f"{last['hdf5_create_s']:.3f} s")  # fmt: skip
+          + f"); a leader plans for {leader:.3f} s, rank 0 for {root:.3f} s, "
+          f"and hdf5's rank 0 creates data.h5 in {last['hdf5_create_s']:.3f} s")
     root += last["hdf5_create_s"]
     if most > 10e6 or (timed and root > 1.0):
         failed.append(f"a save in groups at {last['ranks']:,d} ranks misses 10 MB or 1 s")
@@ -631,11 +697,13 @@ def check_groups_goal(grouped: list[dict[str, Any]], timed: bool) -> list[str]:
 
 
 def print_table(points: list[dict[str, Any]]) -> None:
-    print(f"{'':46s}" + "".join(f"{point['ranks']:>11,d}" for point in points) + "   exponents: overall, then per step")
+    header = "".join(f"{point['ranks']:>11,d}" for point in points)
+    print(f"{'':46s}" + header + "   exponents: overall, then per step")
     for key, heading, unit in [part for part in PARTS if part[0] in points[0]]:
         scale = 1e-6 if unit == "MB" else 1.0
         cells = "".join(f"{point[key] * scale:11.4g}" for point in points)
-        growth = " ".join(f"{e:.2f}" for e in exponents([points[0], points[-1]], key) + exponents(points, key))
+        growth = " ".join(f"{e:.2f}"
+                          for e in exponents([points[0], points[-1]], key) + exponents(points, key))
         print(f"{heading + ' (' + unit + ')':46s}{cells}   {growth}")
 
 
@@ -647,8 +715,9 @@ def plot(points: list[dict[str, Any]], grouped: list[dict[str, Any]], out: Path)
 
     figure, (times, sizes, groups) = plt.subplots(1, 3, figsize=(17, 4.5))
     ranks = [point["ranks"] for point in points]
-    styles = {"first": "-", "groups": (0, (5, 1)), "later": "--", "rank": ":", "restore": "-.",  # one per group
-              "boxes": (0, (1, 3))}  # fmt: skip
+    # one per group
+    styles = {"first": "-", "groups": (0, (5, 1)), "later": "--", "rank": ":", "restore": "-.",
+              "boxes": (0, (1, 3))}
     for key, heading, unit in [part for part in PARTS if part[0] in points[0]]:
         style = {"linestyle": styles.get(heading.split()[0].rstrip(":"), "-"), "marker": "o"}
         if unit == "s":
@@ -656,18 +725,20 @@ def plot(points: list[dict[str, Any]], grouped: list[dict[str, Any]], out: Path)
         elif unit == "MB":
             sizes.loglog(ranks, [max(point[key], 1) / 1e6 for point in points], label=heading, **style)
     times.axhline(1, color="grey", linestyle=":", label="1 s")
-    times.set(xlabel="ranks", ylabel="seconds", title=f"time per rank ({points[0]['leaves']} leaves per rank)")
+    times.set(xlabel="ranks", ylabel="seconds",
+              title=f"time per rank ({points[0]['leaves']} leaves per rank)")
     sizes.set(xlabel="ranks", ylabel="MB", title="bytes received or written")
     sizes.axhline(10, color="grey", linestyle=":", label="10 MB")
     for key, heading, unit in PARTS:
         if key in grouped[0] and unit != "MiB":
             scale = 1e-6 if unit == "MB" else 1.0
-            groups.loglog([point["ranks"] for point in grouped], [max(point[key] * scale, 1e-6) for point in grouped],
-                          label=f"{heading} ({unit})", marker="o", linestyle="-" if unit == "s" else "--")  # fmt: skip
+            groups.loglog([point["ranks"] for point in grouped],
+                          [max(point[key] * scale, 1e-6) for point in grouped],
+                          label=f"{heading} ({unit})", marker="o", linestyle="-" if unit == "s" else "--")
     groups.axhline(1, color="grey", linestyle=":", label="1 s, 1 MB")
     groups.axhline(10, color="black", linestyle=":", label="10 MB")
     groups.set(xlabel="ranks", ylabel="seconds (solid) or MB (dashed)",
-               title=f"first save merged in groups ({grouped[0]['leaves']} leaves per rank)")  # fmt: skip
+               title=f"first save merged in groups ({grouped[0]['leaves']} leaves per rank)")
     for axes in (times, sizes, groups):
         axes.legend(fontsize=6)
         axes.grid(True, which="both", alpha=0.3)
@@ -682,9 +753,10 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1000, 4000, 16000, 64000, 100000])
     parser.add_argument("--leaves", type=int, default=20, help="leaves per rank (default 20)")
     parser.add_argument("--quick", action="store_true", help="2k and 8k ranks; fail on super-linear growth")
-    parser.add_argument("--out", default="perf/results", help="where scale.json and scale.png go (not with --quick)")
+    parser.add_argument("--out", default="perf/results",
+                        help="where scale.json and scale.png go (not with --quick)")
     parser.add_argument("--mpi", type=int, nargs="*", default=None, help="rank counts of the real MPI check "
-                        "(default 2 4 8 16; with --quick 2 4)")  # fmt: skip
+                        "(default 2 4 8 16; with --quick 2 4)")
     parser.add_argument("--mpiexec", default="mpiexec")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child process: measure this rank count
     parser.add_argument("--group-leaves", type=int, default=100,
@@ -712,9 +784,10 @@ def main() -> int:
         print(f"bench_scale: {count:,d} ranks x {args.leaves} leaves ...", flush=True)
         child = [sys.executable, __file__, "--one", str(count), "--leaves", str(args.leaves)]
         points.append(json.loads(run_child(child, timeout=1800)))
-    print(f"bench_scale: box checks at {', '.join(f'{count:,d}' for count in ranks)} ranks, timed in turn ...", flush=True)
-    timed = {int(count): found for count, found in json.loads(run_child(
-        [sys.executable, __file__, "--boxes", *map(str, ranks)], timeout=1800)).items()}  # fmt: skip
+    listed = ", ".join(f"{count:,d}" for count in ranks)
+    print(f"bench_scale: box checks at {listed} ranks, timed in turn ...", flush=True)
+    boxes = run_child([sys.executable, __file__, "--boxes", *map(str, ranks)], timeout=1800)
+    timed = {int(count): found for count, found in json.loads(boxes).items()}
     for point in points:
         point.update(timed[point["ranks"]])
     print_table(points)
@@ -723,12 +796,14 @@ def main() -> int:
     failed = [f"{key} grows as ranks^{value:.2f}" for key, value in worst.items() if value > 1.5]
     grouped = []
     for count in ranks:
-        print(f"bench_scale: first save merged in groups, {count:,d} ranks x {args.group_leaves} leaves ...", flush=True)
+        print(f"bench_scale: first save merged in groups, {count:,d} ranks x {args.group_leaves} leaves ...",
+              flush=True)
         child = [sys.executable, __file__, "--groups", str(count), "--leaves", str(args.group_leaves)]
         grouped.append(json.loads(run_child(child, timeout=1800)))
     print_table(grouped)
     failed += check_groups_goal(grouped, timed=not args.quick)
-    counted: dict[str, Any] = {}  # rank count -> per rank: per save and restore, calls and bytes received
+    # rank count -> per rank: per save and restore, calls and bytes received
+    counted: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=".") as scratch:
         sizes = args.mpi if args.mpi else [2, 4] if args.quick else [2, 4, 8, 16]
         for sharded in (False, True):
@@ -739,7 +814,9 @@ def main() -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "scale.json").write_text(
-            json.dumps({"model": MODEL, "points": points, "groups": grouped, "mpi": counted, "failed": failed}, indent=1)
+            json.dumps(
+                {"model": MODEL, "points": points, "groups": grouped, "mpi": counted, "failed": failed}, indent=1
+            )
             + "\n"
         )
         print(f"bench_scale: wrote {out / 'scale.json'} and {plot(points, grouped, out)}")

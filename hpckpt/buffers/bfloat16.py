@@ -53,7 +53,8 @@ def numpy_bits(array: Any) -> np.ndarray:
 
 def like(bits: np.ndarray, original: Any) -> Any:
     """uint16 ``bits`` (a copy of ``original``'s) as the same kind of bfloat16 array as
-    ``original`` (a CPU torch tensor sharing the memory, or a NumPy view)."""
+    ``original`` (a CPU torch tensor sharing the memory, or a NumPy view).
+    """
     if not is_tensor(original):
         return bits.view(np.dtype(original.dtype))
     import torch
@@ -63,7 +64,8 @@ def like(bits: np.ndarray, original: Any) -> Any:
 
 def as_bfloat16(bits: np.ndarray) -> np.ndarray:
     """uint16 ``bits`` read back from a checkpoint, as ``ml_dtypes.bfloat16`` numbers when
-    ml_dtypes is installed (it comes with JAX and TensorFlow); else the bits themselves."""
+    ml_dtypes is installed (it comes with JAX and TensorFlow); else the bits themselves.
+    """
     try:
         import ml_dtypes
     except ImportError:

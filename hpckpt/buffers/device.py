@@ -150,7 +150,8 @@ class DeviceStager:
 
     def start_to_host(self, array: Any, path: str, out: np.ndarray | None = None) -> HostCopy:
         """Enqueue the copy of device ``array`` into ``out`` (default: this path's pinned
-        buffer), chunk by chunk; return at once. Read the host data through the result."""
+        buffer), chunk by chunk; return at once. Read the host data through the result.
+        """
         cupy = _cupy(path)
         device = _as_cupy(array, path)
         stream = self._stream_after_application(cupy, device)
@@ -171,7 +172,8 @@ class DeviceStager:
 
     def new_device_array(self, host: Any, like: Any, path: str) -> Any:
         """A new device array holding ``host`` (a NumPy array, or a CPU torch tensor for a
-        torch ``like``), of ``like``'s library and on its GPU."""
+        torch ``like``), of ``like``'s library and on its GPU.
+        """
         if is_tensor(like):
             import torch
 
@@ -182,7 +184,8 @@ class DeviceStager:
 
     def to_devices(self, copies: Iterable[tuple[np.ndarray, Any, str]]) -> None:
         """Copy each verified ``(host, device array, path)`` back into the device array in
-        place: every copy is enqueued first, then this waits once for all of them."""
+        place: every copy is enqueued first, then this waits once for all of them.
+        """
         streams = []
         for host, array, path in copies:
             cupy = _cupy(path)

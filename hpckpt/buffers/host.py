@@ -27,7 +27,8 @@ ALIGNED_FROM = 1 << 20  # smaller arrays come from NumPy's allocator
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An uninitialised array of at least 1 MiB whose data starts on a page boundary
     (anonymous memory mapped for it, unmapped with the array), so that direct I/O
-    (:mod:`hpckpt.storage.direct`) writes it with no copy; a smaller one from NumPy."""
+    (:mod:`hpckpt.storage.direct`) writes it with no copy; a smaller one from NumPy.
+    """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes < ALIGNED_FROM:
@@ -54,7 +55,8 @@ class AlignedPool:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A ``uint8`` buffer of at least ``nbytes`` (at most twice that, when reused):
-        the smallest free one that fits, else a new one of exactly ``nbytes``."""
+        the smallest free one that fits, else a new one of exactly ``nbytes``.
+        """
         with self._lock:
             fitting = [index for index, buffer in enumerate(self._free) if nbytes <= len(buffer) <= 2 * nbytes]
             if fitting:
@@ -63,7 +65,8 @@ class AlignedPool:
 
     def give_back(self, buffers: Iterable[np.ndarray]) -> None:
         """Keep ``buffers`` (from :meth:`take`, no longer used) for later calls; the oldest
-        free ones beyond ``keep`` are released."""
+        free ones beyond ``keep`` are released.
+        """
         with self._lock:
             self._free.extend(buffers)
             del self._free[: max(0, len(self._free) - self._keep)]

@@ -71,7 +71,7 @@ def _leaf(record: Any, step: int) -> dict[str, Any]:
             "offset": list(b.offset),
             "shape": list(b.shape),
             "in_step": home_step(b, step),
-            "codec": b.location.get("codec"),
+            "codec": b.codec,
             "packed": is_member(b),
         }
         for b in record.blocks

@@ -1,5 +1,6 @@
 """What every engine does the same way: its statistics, the restore of pickled leaves,
-and the small interface that in-job recovery repairs it through."""
+and the small interface that in-job recovery repairs it through.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ if TYPE_CHECKING:
 @dataclass
 class SaveStats:
     """What the saves of one Checkpointer cost (the last report, how many, how long) and
-    where its last restore read from."""
+    where its last restore read from.
+    """
 
     last_save: SaveReport | None = None
     saves: int = 0
@@ -111,7 +113,8 @@ class Engine:
 
     def repair_failures_with(self, repair: Callable[[], None]) -> None:
         """Under in-job recovery: what a failure met inside :attr:`comm` does. Here nothing:
-        the error reaches the application, which calls :meth:`hpckpt.Checkpointer.recover`."""
+        the error reaches the application, which calls :meth:`hpckpt.Checkpointer.recover`.
+        """
 
     def rolling_back(self) -> None:
         """This rank is about to restore after an in-job repair (see :meth:`hpckpt.Checkpointer.recover`)."""

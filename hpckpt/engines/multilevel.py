@@ -63,7 +63,8 @@ class MultiLevelEngine(CoordinatedEngine):
 
     def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
         """The newest node-local step when it is at least as new as the file system's
-        (or is the chosen step), else the file system's. Collective."""
+        (or is the chosen step), else the file system's. Collective.
+        """
         local = self._local.restorable_step()
         flushed = list_committed_steps(self.control, self.run_dir)
         newest = choice.step is None and (not flushed or (local is not None and local >= flushed[-1]))

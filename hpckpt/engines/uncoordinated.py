@@ -50,7 +50,8 @@ class UncoordinatedEngine(Engine):
     @property
     def comm(self) -> LoggedComm:
         """The logged communicator (send, recv, Send, Recv, Sendrecv, Isend, Irecv, Bcast,
-        Reduce, Allreduce, Barrier are logged; other calls are refused)."""
+        Reduce, Allreduce, Barrier are logged; other calls are refused).
+        """
         return self._rank.comm
 
     def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
@@ -83,7 +84,8 @@ class UncoordinatedEngine(Engine):
     def repair_failures_with(self, repair: Callable[[], None]) -> None:
         """Under in-job recovery: a logged operation that meets a process failure calls
         ``repair`` (the facade's), then this rank goes on where it was; other MPI errors
-        reach the application."""
+        reach the application.
+        """
 
         def go_on(error: BaseException) -> bool:
             if not ulfm.is_process_failure(error):

@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def job_comm(checkpointer: Any, uncoordinated: bool) -> Any:
     """With ULFM, the communicator of the whole job is the checkpointer's (repaired with it);
-    uncoordinated, its unlogged side, for the gathers at the start and at the end."""
+    uncoordinated, its unlogged side, for the gathers at the start and at the end.
+    """
     return checkpointer.comm.unlogged if uncoordinated else checkpointer.comm
 
 

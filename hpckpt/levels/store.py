@@ -69,7 +69,8 @@ def node_of_each_rank(comm: MPI.Comm) -> list[int]:
 
 def _place(final: Path, write: Any) -> None:
     """Write a step directory as ``final.tmp`` and put it in place of ``final`` (one of
-    the old and the new copy is there at every moment)."""
+    the old and the new copy is there at every moment).
+    """
     temp = final.with_name(final.name + ".tmp")
     shutil.rmtree(temp, ignore_errors=True)
     write(temp)
@@ -195,7 +196,8 @@ class NodeLocalStore:
 
     def restore(self, step: int, state: Any, choice: RestoreChoice) -> Restored:
         """Bring ``step`` back on every rank (rebuilding lost copies), then read it (with
-        ``choice``'s ``local_from`` and ``strict``). Collective."""
+        ``choice``'s ``local_from`` and ``strict``). Collective.
+        """
         missing = self.comm.allgather(step not in self.own.committed_steps())
         if self.redundancy == "partner":
             self._restore_from_partners(step, missing)

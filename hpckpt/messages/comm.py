@@ -94,7 +94,8 @@ class LoggedComm(PointToPoint, Collectives):
     def on_failure(self) -> Callable[[BaseException], bool] | None:
         """Set with recovery="ulfm": called with the MPI error an operation met; for a
         process failure it repairs the job (calling :meth:`reconnect` and
-        ``recover(survivor=True)``) and returns True. See :class:`~.links.Links`."""
+        ``recover(survivor=True)``) and returns True. See :class:`~.links.Links`.
+        """
         return self._recorder.links.on_failure
 
     @on_failure.setter
@@ -131,7 +132,8 @@ class LoggedComm(PointToPoint, Collectives):
         """The communicator under this one (the current one: ULFM recovery replaces it), for
         what the application does outside the protocol where no rank can be re-executing:
         the start of a job before any failure, its end after the last save. Nothing sent
-        through it is logged or replayed."""
+        through it is logged or replayed.
+        """
         return self._recorder.links.data
 
     def __getattr__(self, name: str) -> Any:

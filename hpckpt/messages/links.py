@@ -1,5 +1,6 @@
 """The communicators a logged communicator sends on, and what a process failure met on
-them does (in-job recovery with ULFM: repair, then retry or let the recovery replay)."""
+them does (in-job recovery with ULFM: repair, then retry or let the recovery replay).
+"""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class Links:
     def survived(self, action: Callable[[], object]) -> bool:
         """Run ``action``; True if it finished. False when it met a process failure that
         ``on_failure`` then repaired (the caller decides what to do again); other errors,
-        and failures without ``on_failure``, are raised."""
+        and failures without ``on_failure``, are raised.
+        """
         try:
             action()
             return True
@@ -46,7 +48,8 @@ class Links:
 
     def retried(self, receive: Callable[[], T]) -> T:
         """``receive()``'s result; done again on the repaired communicator after each
-        failure that interrupts it (a receive, unlike a logged send, is never replayed)."""
+        failure that interrupts it (a receive, unlike a logged send, is never replayed).
+        """
         results: list[T] = []
         while not self.survived(lambda: results.append(receive())):
             pass

@@ -1,5 +1,6 @@
 """Commit notices: after each commit a rank tells every peer what its oldest kept
-checkpoint holds, and each peer trims its log and its logged results to match."""
+checkpoint holds, and each peer trims its log and its logged results to match.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class CommitNotices:
 
     def announce(self, state: MessageState, oldest_delivered: dict[Channel, int], oldest_done: int) -> None:
         """After a commit: send each peer what this rank's oldest kept checkpoint received
-        from it and how many collectives it had done. Not collective."""
+        from it and how many collectives it had done. Not collective.
+        """
         self._peer_done[self.rank] = oldest_done
         self._trim_results(state)
         links = self.links

@@ -1,5 +1,6 @@
 """Replay after a rollback: what a re-executing rank is given again, and what its peers
-leave out when they re-execute (see docs/protocols.md)."""
+leave out when they re-execute (see docs/protocols.md).
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class Replay:
     def agree(self, state: MessageState) -> None:
         """Tell every peer what ``state`` (this rank's checkpoint, or a survivor's current
         state) holds, learn what each peer holds, then replay the messages they lack and
-        serve the collective results they must redo. Collective over ``links.control``."""
+        serve the collective results they must redo. Collective over ``links.control``.
+        """
         control = self.links.control
         rows = np.array([[s, t, n] for (s, t), n in sorted(state.delivered.items())], dtype=np.int64).reshape(-1)
         counts = np.array(control.allgather(rows.size), dtype=np.int64)

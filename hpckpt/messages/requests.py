@@ -1,5 +1,6 @@
 """What the logged calls take and give back: the application's buffers as raw bytes, and
-the requests of the nonblocking calls (which survive an in-job repair)."""
+the requests of the nonblocking calls (which survive an in-job repair).
+"""
 
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ class LoggedRequest:
 
     def _renew(self) -> bool:
         """After a repair since it was posted: a send is done (the repair replayed it), a
-        receive is posted again on the new communicator. True when the request is done."""
+        receive is posted again on the new communicator. True when the request is done.
+        """
         if self._repost is None:
             self._done = True
             self._recorder.open_requests -= 1

@@ -85,7 +85,8 @@ def tiles_exactly(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int,
 def corner_weights(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int, ...]) -> dict[Any, int]:
     """The boxes' corner weights (see :func:`tiles_exactly`) added up point by point, the
     points whose sum is not 0 only, each as a key that depends on ``global_shape`` alone
-    (so the weights of different groups of boxes of one array add up). Pure."""
+    (so the weights of different groups of boxes of one array add up). Pure.
+    """
     ndim = starts.shape[1]
     masks = _corner_masks(ndim)
     corner_signs = np.where(masks.sum(axis=1) % 2, -1, 1)  # of each corner, by how many axes it takes an end on
@@ -121,7 +122,8 @@ def _corner_masks(ndim: int) -> np.ndarray:
 def _point_keys(points: np.ndarray, global_shape: tuple[int, ...]) -> np.ndarray:
     """Each point (a row of ``points``, inside ``global_shape`` or one past its end) as one
     sortable, comparable value: its index in C order when that fits an int64 (a 1-d
-    sort, 3x faster), else its bytes."""
+    sort, 3x faster), else its bytes.
+    """
     if math.prod(n + 1 for n in global_shape) < 1 << 62:
         return np.ravel_multi_index(points.T, tuple(n + 1 for n in global_shape))
     return _row_keys(points)
@@ -151,7 +153,8 @@ def first_overlap(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int] | Non
 
 def _sweep(index: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: list[int]) -> tuple[int, int] | None:
     """:func:`first_overlap` among the boxes ``index``, which share a slab on every
-    axis already swept, on the remaining ``axes``."""
+    axis already swept, on the remaining ``axes``.
+    """
     axis, rest = axes[0], axes[1:]
     begin, end = starts[index, axis], ends[index, axis]
     if not rest:

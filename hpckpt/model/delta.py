@@ -45,7 +45,8 @@ def home_step(block: Block, step: int) -> int:
 
 def referenced_steps(manifest: Manifest) -> set[int]:
     """The other steps whose files ``manifest``'s step reads (a sharded manifest lists
-    them: its leaves hold none of its blocks unless its shards were read)."""
+    them: its leaves hold none of its blocks unless its shards were read).
+    """
     homes = {home_step(block, manifest.step) for record in manifest.leaves for block in record.blocks}
     return (homes | set(manifest.in_steps)) - {manifest.step}
 
@@ -127,7 +128,8 @@ def _same_block(new: Block, old: Block) -> bool:
 @dataclass(frozen=True)
 class GroupWrites:
     """What a group's leader tells rank 0 of its ranks' part of an incremental step
-    (:func:`group_writes`), when the step is laid out in groups."""
+    (:func:`group_writes`), when the step is laid out in groups.
+    """
 
     paths: frozenset[str]  # the leaves of which the group writes some block
     in_steps: frozenset[int]  # the steps whose files hold the group's reused blocks

@@ -105,7 +105,8 @@ def check_groups(summaries: Sequence[GroupSummary]) -> GroupsVerdict | None:
 def running_totals(counts: Sequence[Mapping[str, int]]) -> tuple[list[dict[str, int]], dict[str, int]]:
     """For each of ``counts`` (in order), per key of any of them, the sum of the earlier
     ones' (0 where none had the key): where each group's blocks start after the earlier
-    groups'; and the sum of them all per key. Pure."""
+    groups'; and the sum of them all per key. Pure.
+    """
     running = {key: 0 for count in counts for key in count}
     starts = []
     for count in counts:

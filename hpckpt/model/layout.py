@@ -74,7 +74,8 @@ class AgreedLayout:
     ) -> AgreedLayout:
         """The layout of ``records`` (merged and laid out in save ``step``, a step of
         ``nbytes``), as kept by ``rank`` of ``size``, whose plan's layout digest was
-        ``digest``."""
+        ``digest``.
+        """
         own = tuple((record, block) for record in records for block in record.blocks if block.rank == rank)
         return cls(step, digest, size, tuple(records), own, nbytes)
 
@@ -83,7 +84,8 @@ def records_by_rank(
     records: Sequence[LeafRecord], ranks: range, group_of: Callable[[int], int] | None = None
 ) -> list[tuple[LeafRecord, ...]]:
     """For each rank of ``ranks``: every record of ``records``, with only the blocks of
-    the ranks in its group (``group_of(rank)``; by default its own). One pass. Pure."""
+    the ranks in its group (``group_of(rank)``; by default its own). One pass. Pure.
+    """
     key = group_of or (lambda rank: rank)
     keys = [key(rank) for rank in ranks]
     parts: list[list[LeafRecord]] = [[] for _ in ranks]
@@ -137,7 +139,8 @@ def _check_same_tree(
     reference: RankPlan, ours: dict[str, LeafKind], plan: RankPlan, theirs: dict[str, LeafKind], rank: int
 ) -> None:
     """InvalidStateError unless ``plan`` of ``rank`` (its tree ``theirs``) has rank 0's
-    tree (``ours``), axis names and plain values (``reference``)."""
+    tree (``ours``), axis names and plain values (``reference``).
+    """
     if ours != theirs:
         only_0 = sorted(set(ours) - set(theirs))
         only_r = sorted(set(theirs) - set(ours))
@@ -164,7 +167,8 @@ def _check_same_tree(
 
 def _check_local_leaves_agree(plans: Sequence[RankPlan]) -> None:
     """InvalidStateError unless each Local leaf has one dtype and encoding on every rank,
-    packed or not (the first rank that differs is named)."""
+    packed or not (the first rank that differs is named).
+    """
     seen: dict[str, tuple[int, str, str | None]] = {}
     for rank, plan in enumerate(plans):
         local = [(path, dtype, encoding) for leaf in plan.leaves for path, dtype, _, encoding in leaf.members]
@@ -184,7 +188,8 @@ def _check_local_leaves_agree(plans: Sequence[RankPlan]) -> None:
 
 def _merge_leaf(per_rank: list[tuple[int, LeafPlan]], complete: bool) -> LeafRecord:
     """The record of one leaf from every rank's plan of it (with their ranks), checked to
-    agree (and, ``complete``, a distributed leaf's boxes to tile its array)."""
+    agree (and, ``complete``, a distributed leaf's boxes to tile its array).
+    """
     first = per_rank[0][1]
     agreed: tuple[Any, ...] = (first.encoding, first.dtype, first.global_shape)
     if first.kind == LeafKind.REPLICATED:
@@ -210,7 +215,8 @@ def fill_checksums(
     """``records`` with each block's checksum replaced by its rank's report
     (``per_rank[rank][path]``: every checksum of its blocks, :data:`LATER` ones
     included), a replicated leaf's by its chunk checksums (``chunks[path]``, which
-    every rank computed alike). Pure."""
+    every rank computed alike). Pure.
+    """
     filled = []
     for record in records:  # direct construction: dataclasses.replace costs 5 us a call, 10,000s per save
         sums = chunks[record.path] if record.kind == LeafKind.REPLICATED and record.blocks else None

@@ -24,7 +24,8 @@ def _as_shape(values: Any, what: str) -> tuple[int, ...]:
 
 def _dim_names(dims: Any, ndim: int) -> tuple[str, ...] | None:
     """``dims`` as a tuple of ``ndim`` distinct axis names, or None; InvalidStateError
-    saying what is wrong."""
+    saying what is wrong.
+    """
     if dims is None:
         return None
     names = (dims,) if isinstance(dims, str) else tuple(dims)

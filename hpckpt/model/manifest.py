@@ -120,7 +120,8 @@ class Manifest:
     @property
     def incremental(self) -> bool:
         """True when some block's bytes are in another step's files (its ``in_step``, or
-        a sharded manifest's :attr:`in_steps`)."""
+        a sharded manifest's :attr:`in_steps`).
+        """
         blocks = (block for record in self.leaves for block in record.blocks)
         return bool(self.in_steps) or any(block.in_step is not None for block in blocks)
 
@@ -142,7 +143,8 @@ class Manifest:
         """This sharded manifest, as read without its blocks (``wanted`` none), with the
         blocks of the shards ``wanted`` now says, read with ``read_shard`` and checked as
         :meth:`from_json` checks them. Raises CorruptCheckpointError naming ``source`` and
-        the shard when one is unusable."""
+        the shard when one is unusable.
+        """
         try:
             body: dict[str, Any] = {
                 "world_size": self.world_size,

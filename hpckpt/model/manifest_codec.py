@@ -57,7 +57,8 @@ def check_own_checksum(text: str) -> None:
 def leaf_dict(record: LeafRecord, with_blocks: bool = True) -> dict[str, Any]:
     """``record`` as plain JSON types (what ``dataclasses.asdict`` gives, without its deep
     copies); without its blocks (an empty list) for a sharded manifest. Its kind, a
-    :class:`LeafKind`, is a ``str``: JSON writes its value."""
+    :class:`LeafKind`, is a ``str``: JSON writes its value.
+    """
     return {
         "path": record.path,
         "kind": record.kind,
@@ -154,7 +155,8 @@ def _members(raw: Any, encoding: str | None) -> tuple[Member, ...]:
 
 def location_from(raw: Any, what: str, step: int) -> dict[str, Any]:
     """A record's or block's location from its JSON: its file and directory names inside
-    the step directory, its ``in_step`` an earlier step (ValueError if not)."""
+    the step directory, its ``in_step`` an earlier step (ValueError if not).
+    """
     location = dict(raw)
     for key in ("file", "directory"):
         if key in location:

@@ -75,7 +75,8 @@ KNOWN_KEYS = frozenset({  # every top-level key of every version: any other is d
 
 def written_version(*, sharded: bool, lists: bool, packed: bool, incremental: bool) -> int:
     """The version a step is written as: the lowest that holds its shards, lists or
-    named axes, pack, and blocks in other steps."""
+    named axes, pack, and blocks in other steps.
+    """
     if sharded:
         return SHARDED_VERSION
     if lists:
@@ -87,7 +88,8 @@ def written_version(*, sharded: bool, lists: bool, packed: bool, incremental: bo
 
 def manifest_text(values: dict[str, Any], version: int) -> str:
     """The text of a manifest of ``version`` whose fields are ``values`` (by field name):
-    sorted keys, its checksum first; a sharded one's leaves without their blocks."""
+    sorted keys, its checksum first; a sharded one's leaves without their blocks.
+    """
     body = dict(values)
     body["leaves"] = [leaf_dict(record, with_blocks=not values["shards"]) for record in values["leaves"]]
     for optional in OPTIONAL_KEYS:
@@ -103,7 +105,8 @@ def read_fields(
 ) -> dict[str, Any]:
     """The fields (by name) of the manifest of any version read as ``text``, checked;
     a sharded one's blocks read with ``read_shard``, of the shards ``wanted`` (or all).
-    ValueError (or KeyError, TypeError, ...) saying what is wrong."""
+    ValueError (or KeyError, TypeError, ...) saying what is wrong.
+    """
     check_own_checksum(text)
     body = json.loads(text)
     if body.get("format") != FORMAT_NAME:
@@ -154,7 +157,8 @@ def _read_shards(
     wanted: Callable[[Shard], bool] | None,
 ) -> tuple[Shard, ...]:
     """:func:`~hpckpt.model.shards.read_shards` of a manifest that names shards, which
-    only version 5 does (ValueError if not)."""
+    only version 5 does (ValueError if not).
+    """
     if body["version"] != SHARDED_VERSION:
         raise ValueError(f"shards in a manifest of version {body['version']}, not {SHARDED_VERSION}")
     return read_shards(body, step, read_shard, wanted)

@@ -31,7 +31,8 @@ DIGEST_BITS = 62  # digests fit an int64 with their negation (a minimum reductio
 def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> list[Box]:
     """The row chunks a replicated array of ``shape`` is written in by ranks 0, 1, ... of
     ``size``: as many as ranks, but none under :data:`MIN_REPLICATED_CHUNK` bytes (one
-    for a small, 0-d or empty array). Pure: every rank computes the same."""
+    for a small, 0-d or empty array). Pure: every rank computes the same.
+    """
     whole: Box = ((0,) * len(shape), tuple(shape))
     if not shape or shape[0] == 0:
         return [whole]
@@ -76,7 +77,8 @@ def pack_plan(
 
 def packed_bytes(arrays: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
     """The bytes of C-contiguous ``arrays`` one after the other, a pack block, in ``out``
-    (``uint8``, exactly as long as their bytes); returns ``out``."""
+    (``uint8``, exactly as long as their bytes); returns ``out``.
+    """
     if arrays:
         np.concatenate([array.reshape(-1).view(np.uint8) for array in arrays], out=out)
     return out
@@ -130,7 +132,8 @@ def _digest(text: str) -> int:
 
 def leaves_by_path(plans: Sequence[RankPlan], first: int) -> list[list[tuple[int, LeafPlan]]]:
     """Each leaf's plans with their ranks (``plans[0]`` is rank ``first``'s), leaves in the
-    order the ranks first give them."""
+    order the ranks first give them.
+    """
     by_path: dict[str, list[tuple[int, LeafPlan]]] = {}
     for rank, plan in enumerate(plans, start=first):
         for leaf in plan.leaves:
@@ -140,7 +143,8 @@ def leaves_by_path(plans: Sequence[RankPlan], first: int) -> list[list[tuple[int
 
 def leaf_blocks(per_rank: list[tuple[int, LeafPlan]], size: int) -> tuple[Block, ...]:
     """The blocks of one leaf's plans (with their ranks, of ``size``); a replicated leaf
-    has a chunk on each of its first ranks (:func:`replicated_chunks`): rank r writes chunk r."""
+    has a chunk on each of its first ranks (:func:`replicated_chunks`): rank r writes chunk r.
+    """
     first = per_rank[0][1]
     if first.kind == LeafKind.REPLICATED:
         chunks = replicated_chunks(first.shape, np.dtype(first.dtype).itemsize, size)

@@ -69,7 +69,8 @@ def local_source(writers: int, size: int, rank: int, local_from: LocalSource | N
 @dataclass(frozen=True)
 class ReadRequest:
     """What one rank restores: the writer rank whose Local blocks it takes (None: it takes
-    none), and its box of each distributed leaf, by path."""
+    none), and its box of each distributed leaf, by path.
+    """
 
     source: int | None
     boxes: dict[str, Box]
@@ -81,7 +82,8 @@ def manifest_part(manifest: Manifest, request: ReadRequest, index: BlockIndex) -
     leaf and the pack, the block of its source rank (rank 0's when it has none: its
     pack lists the packed leaves, which the rank compares its tree with); of each
     replicated leaf, every chunk (each rank reads some and receives the others); and
-    only the files (and files in directories) that hold them; no shards. Pure."""
+    only the files (and files in directories) that hold them; no shards. Pure.
+    """
     keep = request.source if request.source is not None else 0
     leaves = []
     for record in manifest.leaves:
@@ -105,7 +107,8 @@ def shards_for(manifest: Manifest, requests: Sequence[ReadRequest]) -> set[str]:
     every block :func:`manifest_part` keeps for ``requests``: the shard of each request's
     Local source (rank 0's when it has none), every shard with blocks of a replicated
     leaf, and those whose bounds of a distributed leaf meet the box bounding the
-    requests' non-empty boxes of it. Pure."""
+    requests' non-empty boxes of it. Pure.
+    """
     kinds = {record.path: record.kind for record in manifest.leaves}
     sources = sorted({request.source if request.source is not None else 0 for request in requests})
     spans: dict[str, Box] = {}
@@ -135,7 +138,8 @@ def _bounding(first: Box, second: Box) -> Box:
 class BlockIndex:
     """The blocks of a manifest's distributed leaves sorted along their first axis, so
     that finding the few a box overlaps takes a binary search, not a pass over every
-    rank's; and its files by directory. For one manifest."""
+    rank's; and its files by directory. For one manifest.
+    """
 
     def __init__(self) -> None:
         self._sorted: dict[str, tuple[list[int], list[int], int]] = {}
@@ -143,7 +147,8 @@ class BlockIndex:
 
     def files_of(self, manifest: Manifest, held: str) -> list[str]:
         """The files of ``manifest`` that are ``held`` or lie in the directory ``held``
-        (found through a map made once, not a pass over every file of the step)."""
+        (found through a map made once, not a pass over every file of the step).
+        """
         if self._files is None:
             self._files = {}
             for name in manifest.files:
@@ -176,7 +181,8 @@ def is_member(block: Block) -> bool:
 
 def member_bytes(pack: np.ndarray, record: LeafRecord, block: Block) -> np.ndarray:
     """Packed ``block`` of ``record`` as an array of its dtype and shape: a view of the
-    bytes ``pack`` of the pack block it is in."""
+    bytes ``pack`` of the pack block it is in.
+    """
     start = block.pack_start
     assert start is not None  # a packed leaf's block (is_member)
     return pack[start : start + block.size * record.itemsize].view(record.dtype).reshape(block.shape)

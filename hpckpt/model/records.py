@@ -83,7 +83,8 @@ class Shard(NamedTuple):
     """One file of a sharded manifest: the blocks of ranks ``first`` to ``stop - 1``, the
     checksum (``xxh3_64``, hex) of its whole text, and by leaf path the box that bounds
     its blocks of each global (distributed or replicated) leaf (``shard_bounds``), so
-    that a restore reads only the shards its boxes need."""
+    that a restore reads only the shards its boxes need.
+    """
 
     file: str
     first: int
@@ -95,7 +96,8 @@ class Shard(NamedTuple):
 def encoded_location(stored_bytes: int | None, codec: str | None) -> dict[str, Any]:
     """The location of a block that its backend encodes (compressed, lossy), before the
     backend places it: the bytes it stores and the codec that made them; empty when the
-    backend stores the bytes as they are (``stored_bytes`` None)."""
+    backend stores the bytes as they are (``stored_bytes`` None).
+    """
     return {} if stored_bytes is None else {STORED_BYTES: stored_bytes, CODEC: codec}
 
 
@@ -123,7 +125,8 @@ class Block:
     @property
     def in_step(self) -> int | None:
         """The earlier step whose files hold the block's bytes (a block an incremental step
-        reuses), or None: its own step's files."""
+        reuses), or None: its own step's files.
+        """
         return self.location.get(IN_STEP)
 
     @property
@@ -148,7 +151,8 @@ class Block:
 
     def member_block(self, shape: tuple[int, ...], start: int) -> Block:
         """The block of a member of this pack block: of ``shape``, from byte ``start``; it
-        carries the pack block's checksum, its step and its codec."""
+        carries the pack block's checksum, its step and its codec.
+        """
         location = {PACK_START: start, **{k: v for k, v in self.location.items() if k in _PACK_KEYS}}
         return Block(self.rank, (), shape, self.checksum, location)
 
@@ -168,7 +172,8 @@ class LeafRecord:
     @property
     def whole_shape(self) -> tuple[int, ...]:
         """The shape of the whole array (a distributed or replicated leaf's global shape);
-        ValueError for a local leaf, which has none."""
+        ValueError for a local leaf, which has none.
+        """
         if self.global_shape is None:
             raise ValueError(f"leaf {self.path!r} is {self.kind}: it has no global shape")
         return self.global_shape
@@ -231,7 +236,8 @@ def open_pack(records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
 
 def _members_of(block: Block) -> list[tuple[Member, Block]]:
     """The members of pack ``block`` with their blocks; ValueError unless their sizes add
-    up to the block's."""
+    up to the block's.
+    """
     starts = member_starts(block.members)
     if block.shape != (starts[-1],):
         raise ValueError(
@@ -245,7 +251,8 @@ def _packed_record(
 ) -> LeafRecord:
     """The Local record of the packed leaf ``path`` (its dtype, encoding and dtype name in
     ``details``): its member ``blocks``, and those of its record ``alone`` where other
-    ranks store it on its own."""
+    ranks store it on its own.
+    """
     dtype, encoding, name = details
     if alone is not None and (
         (alone.kind, np.dtype(alone.dtype), alone.encoding) != (LeafKind.LOCAL, dtype, encoding)

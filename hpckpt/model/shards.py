@@ -24,7 +24,8 @@ SHARD_FORMAT_NAME = "hpckpt-manifest-shard"
 
 def shard_json(step: int, first: int, stop: int, blocks: Mapping[str, Sequence[Block]]) -> str:
     """The text of the shard of step ``step`` holding the blocks of ranks ``first`` to
-    ``stop - 1``: ``blocks`` by leaf path, in rank order. Pure."""
+    ``stop - 1``: ``blocks`` by leaf path, in rank order. Pure.
+    """
     body = {path: [block_dict(block) for block in found] for path, found in blocks.items()}
     return checksummed(
         {"format": SHARD_FORMAT_NAME, "version": 1, "step": step, "ranks": [first, stop], "blocks": body}
@@ -34,7 +35,8 @@ def shard_json(step: int, first: int, stop: int, blocks: Mapping[str, Sequence[B
 def shard_bounds(blocks: Mapping[str, Sequence[Block]]) -> dict[str, Box]:
     """The box bounding each leaf's blocks among ``blocks`` (by path), for those that are
     boxes of a global array (an offset of the shape's length; local blocks have none):
-    of the non-empty ones, or the first block when all are empty. Pure."""
+    of the non-empty ones, or the first block when all are empty. Pure.
+    """
     bounds = {}
     for path, found in blocks.items():
         boxes = [block for block in found if len(block.offset) == len(block.shape)]
@@ -63,7 +65,8 @@ def read_shards(
     ``wanted``, or all) with ``read_shard(file name)``, and put their blocks into its
     leaves (in place); returns every shard. ValueError naming the shard when one read is
     unreadable, damaged or of another step, or when the shards do not hold ranks 0 to
-    world_size - 1 in order."""
+    world_size - 1 in order.
+    """
     found: dict[str, list[Any]] = {}
     for leaf in body["leaves"]:
         if leaf["blocks"]:
@@ -91,7 +94,8 @@ def read_shards(
 
 def _shard_of(entry: Any, start: int) -> Shard:
     """The shard an entry of ``manifest.json`` names, which must hold the ranks from
-    ``start`` on (ValueError if not)."""
+    ``start`` on (ValueError if not).
+    """
     first, stop = (checked_count(n, "shard rank") for n in entry["ranks"])
     bounds = {path: checked_box(box, f"bounds of {path!r} in shard {entry['file']!r}")
               for path, box in checked_object(entry.get("bounds", {}), "shard bounds").items()}
@@ -104,7 +108,8 @@ def _shard_of(entry: Any, start: int) -> Shard:
 def _add_blocks(shard: Shard, text: str, step: int, found: dict[str, list[Any]]) -> None:
     """Append the blocks of ``shard`` of step ``step``, read as ``text``, to the leaves'
     (``found``, by path): ValueError unless it is the shard recorded and holds blocks of
-    the step's leaves and of its own ranks only."""
+    the step's leaves and of its own ranks only.
+    """
     if text_checksum(text) != shard.checksum:
         raise ValueError(f"shard {shard.file} does not match the checksum {shard.checksum} recorded for it")
     content = checked_object(json.loads(text), f"shard {shard.file}")

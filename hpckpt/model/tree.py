@@ -50,7 +50,8 @@ def is_plain(value: Any) -> bool:
 
 def check_plain(value: Any, path: str = "") -> None:
     """Raise :class:`~hpckpt.errors.InvalidStateError`, naming the path, unless ``value``
-    is a plain value or dicts (string keys) and lists of them."""
+    is a plain value or dicts (string keys) and lists of them.
+    """
     if isinstance(value, dict):
         for key, item in value.items():
             check_plain(item, f"{path}/{_check_key(key, path)}" if path else _check_key(key, path))
@@ -130,7 +131,8 @@ def list_paths(state: dict | list) -> tuple[str, ...]:
 def nest(leaves: Mapping[str, Any], lists: Collection[str]) -> Any:
     """The tree that holds each value of ``leaves`` at its path: dicts (keys in the order
     :func:`flatten` walks them), and lists at the paths in ``lists`` (entries in index
-    order). The inverse of :func:`flatten` for a tree without empty containers. Pure."""
+    order). The inverse of :func:`flatten` for a tree without empty containers. Pure.
+    """
     root: dict[str, Any] = {}
     for path, value in leaves.items():
         node = root

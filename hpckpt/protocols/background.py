@@ -74,7 +74,8 @@ def _staged_leaf(leaf: Any, path: str, buffers: dict[str, np.ndarray], copies: l
 
 def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
     """Copy ``array`` into this path's buffer (device arrays straight into pinned memory);
-    a bfloat16 array's copy is a bfloat16 array over the buffer, so the save records it."""
+    a bfloat16 array's copy is a bfloat16 array over the buffer, so the save records it.
+    """
     buffer = _copy_into_buffer(array, path, buffers, copies)
     return like(buffer, array) if is_bfloat16(array) else buffer
 

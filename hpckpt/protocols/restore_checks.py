@@ -17,8 +17,9 @@ import numpy as np
 from ..buffers.bfloat16 import leaf_encoding
 from ..buffers.host import host_dtype
 from ..errors import StateMismatchError
+from ..model.kinds import LeafKind
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
-from ..model.manifest import IN_STEP, Block, LeafRecord, Manifest, describe_encoding
+from ..model.manifest import Block, LeafRecord, Manifest, describe_encoding
 from ..model.tree import Slot
 from .restore_target import RestoreTarget
 
@@ -157,7 +158,7 @@ def _local_block_differences(
 ) -> list[str]:
     """Why Local ``leaf`` cannot take the block of writer ``source`` (its own rank's
     when None, on as many ranks as wrote ``manifest``) of ``record``."""
-    if leaf.kind == "local" and source is None:
+    if leaf.kind == LeafKind.LOCAL and source is None:
         return [f"local leaf {path!r} was written by {manifest.world_size} ranks but is restored on "
                 f"{target.size}; a Local leaf restores only on as many ranks, unless "
                 "Checkpointer.restore(state, local_from=f) says which writer rank's block each rank takes, "
@@ -185,6 +186,6 @@ def _allocation_limit(manifest: Manifest, block: Block) -> int:
     stored uncompressed in them, and never more than this host's memory."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     stored = [size for size in manifest.files.values() if size is not None]
-    if block.location.get("codec") is None and IN_STEP not in block.location and stored:
+    if block.codec is None and block.in_step is None and stored:
         return min(memory, sum(stored))
     return memory

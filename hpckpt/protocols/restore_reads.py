@@ -29,6 +29,7 @@ from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, is_device_array
 from ..buffers.host import writable_target
 from ..errors import CorruptCheckpointError
+from ..model.kinds import LeafKind
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import Block, LeafRecord, Manifest
 from ..model.reads import Overlap, is_member, member_bytes, overlaps
@@ -229,7 +230,7 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
                 shares += [_Share(destination, chunk.into, index % target.size, device, slot.path)
                            for index, chunk in enumerate(chunks)]
         else:
-            block = record.block_of(source if leaf.kind == "local" and source is not None else target.rank)
+            block = record.block_of(source if leaf.kind == LeafKind.LOCAL and source is not None else target.rank)
             pieces.append(_local_piece(leaf, record, block, destination, device, packs))
     return ReadPlan(pieces, shares)
 

@@ -43,7 +43,8 @@ class InJobRecovery:
 
     def start(self, comm: MPI.Comm) -> MPI.Comm:
         """The communicator to attach to: ``comm``, or for a replacement process the
-        repaired one it joins (collective with the survivors' :meth:`repair`)."""
+        repaired one it joins (collective with the survivors' :meth:`repair`).
+        """
         ulfm.check_support(comm)
         parent = ulfm.parent_of_replacement()
         if parent is None:

@@ -172,7 +172,7 @@ class Backend(ABC):
     def encode(self, path: str, array: np.ndarray) -> Encoded:
         """The bytes stored for ``array``, a block of leaf ``path`` (compression). Not
         collective; called on each rank before the layout. :meth:`layout` then finds an
-        encoded block's size and codec in ``block.location["stored_bytes"]`` and
+        encoded block's size and codec in ``block.stored_bytes`` and
         ``["codec"]``, and :meth:`read` decodes (see storage/posix.py). Default: the
         array as it is."""
         return Encoded(array, None, array)

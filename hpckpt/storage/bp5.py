@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
-from ..model.layout import running_totals
+from ..model.group_merge import running_totals
+from ..model.kinds import LeafKind
 from ..model.manifest import Block, LeafRecord
 from .adios2_c import BP5File, BP5Step
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
@@ -97,7 +98,7 @@ def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], 
     """The stored variable's shape, and ``block``'s start and count in it."""
     extra = [record.itemsize] if record.location.get("encoding") == "bytes" else []
     count = list(block.shape or (1,)) + extra
-    if record.kind == "local":
+    if record.kind == LeafKind.LOCAL:
         return [], [], count
     shape = list(record.global_shape or (1,)) + extra
     start = list(block.offset or (0,)) + [0] * len(extra)
@@ -148,7 +149,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
             if stores_bytes(record.dtype):
                 location["encoding"] = "bytes"
             blocks = record.blocks
-            if record.kind == "local":
+            if record.kind == LeafKind.LOCAL:
                 stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
                 ids = {block.rank: index for index, block in enumerate(stored, start=(start or {}).get(record.path, 0))}
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
@@ -163,7 +164,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> ADIOS2Extent:
         """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
-        return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == "local"}
+        return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == LeafKind.LOCAL}
 
     def group_starts(
         self, extents: Sequence[ADIOS2Extent], headers: Sequence[LeafRecord]
@@ -253,7 +254,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         record, block = request.record, request.block
         shape, start, count = _selection(record, block)
         target = _stored_view(request.array, record.location.get("encoding") == "bytes")
-        if record.kind == "local":
+        if record.kind == LeafKind.LOCAL:
             block_id = block.location["block_id"]
             stored_count = stored.block_count(variable, block_id)
             if stored_count != count:

@@ -164,10 +164,10 @@ class BackendConformance:
         manifest = CheckpointReader(step_dir.parent).manifest(step)
         (record,) = [record for record in manifest.leaves if record.path == leaf]
         (block,) = [block for block in record.blocks if block.rank == rank]
-        if "stored_bytes" not in block.location:
+        if block.stored_bytes is None:
             return (*find_pattern(step_dir, pattern), False)
         location = block.location
-        return step_dir / location["file"], location["offset"] + location["stored_bytes"] - 10, True
+        return step_dir / location["file"], location["offset"] + block.stored_bytes - 10, True
 
     @pytest.fixture(params=["world", "self"])
     def comm(self, request: pytest.FixtureRequest) -> Any:

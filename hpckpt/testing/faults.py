@@ -55,7 +55,8 @@ class InjectedFault(RuntimeError):  # noqa: N818 - a fault, by name
 
 def first_attempt() -> bool:
     """True unless ``hpckpt run`` is relaunching the job (``HPCKPT_ATTEMPT`` > 0) or Slurm
-    runs it again after a requeue (``SLURM_RESTART_COUNT`` > 0)."""
+    runs it again after a requeue (``SLURM_RESTART_COUNT`` > 0).
+    """
     return all(os.environ.get(name, "0") in ("", "0") for name in (ATTEMPT_ENV, "SLURM_RESTART_COUNT"))
 
 
@@ -103,7 +104,8 @@ def reach(name: str) -> None:
 
 def crash(where: str) -> None:
     """SIGKILL this process, an application's own crash option (``--crash-at-iter``),
-    recorded first in ``HPCKPT_FAULT_LOG`` as ``WHERE RANK kill 1 PID``."""
+    recorded first in ``HPCKPT_FAULT_LOG`` as ``WHERE RANK kill 1 PID``.
+    """
     _log(f"{where} {_world_rank()} kill 1 {os.getpid()}\n")
     os.kill(os.getpid(), signal.SIGKILL)
 

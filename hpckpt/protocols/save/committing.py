@@ -36,7 +36,8 @@ RankReport = tuple[dict[str, int], dict[str, Block]]  # a rank's sizes seen, and
 class SyncedStep:
     """What rank 0 learns once every rank made its writes durable (empty elsewhere):
     the sizes each writer (or each leader) saw, the manifest's shards, and each rank's
-    block checksums by leaf path unless the step is sharded."""
+    block checksums by leaf path unless the step is sharded.
+    """
 
     sizes_seen: list[dict[str, int]]
     shards: list[Shard]
@@ -162,7 +163,8 @@ def _manifest(
 
 def retain_steps(context: SaveContext, retention: Sequence[RetentionPolicy]) -> list[int]:
     """Delete the steps no ``retention`` policy keeps (rank 0), after a commit: the
-    ``retain`` phase. Collective; returns the deleted steps on every rank."""
+    ``retain`` phase. Collective; returns the deleted steps on every rank.
+    """
 
     def delete_old_steps() -> list[int]:
         point("save.retain")

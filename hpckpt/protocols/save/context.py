@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 class SaveContext:
     """One save in progress, alike on every rank: the request, the run directory and
     backend it saves into, the runner of its agreed phases, and when it began (the
-    manifest's ``created``, seconds since the epoch)."""
+    manifest's ``created``, seconds since the epoch).
+    """
 
     request: SaveRequest
     run_dir: RunDirectory

@@ -21,7 +21,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..._comm import arrival_group, gather_from_leaders, gather_in_groups, scatter_in_groups, share_with_leaders
+from ..._comm import (
+    arrival_group,
+    gather_from_leaders,
+    gather_in_groups,
+    scatter_in_groups,
+    share_with_leaders,
+)
 from ..._hooks import point
 from ...checksum import ALGORITHM
 from ...model.delta import Delta, GroupWrites, all_group_writes, compose, group_writes, plan_delta, to_write
@@ -48,7 +54,8 @@ class LeaderReport:
 class GroupsChecked:
     """Rank 0's verdict on the leaders' reports: the headers it lays out with its own
     blocks, what the groups write (an incremental save) and each group's start, by its
-    first rank."""
+    first rank.
+    """
 
     verdict: GroupsVerdict
     writes: GroupWrites | None
@@ -60,7 +67,8 @@ class GroupsChecked:
 class GroupOutline:
     """Rank 0's outline of a step laid out in groups: its leaves without blocks (the
     leaders' shards hold them) and, where it reuses blocks, its base and the steps that
-    hold them."""
+    hold them.
+    """
 
     nbytes: int
     values: dict[str, Any]
@@ -96,7 +104,8 @@ class MergeInGroups:
 
     def lay_out(self, staged: StagedRank) -> Layout | None:
         """The layout, or None on every rank when some leaf's boxes do not tile its
-        array: the plans must then be merged whole, which names leaf and ranks."""
+        array: the plans must then be merged whole, which names leaf and ranks.
+        """
         phases, comm = self.context.phases, self.context.comm
         group = arrival_group(comm.rank, comm.size)
         base = self._share_base()
@@ -152,7 +161,8 @@ class MergeInGroups:
         self, checked: GroupsChecked, part: tuple[LeafRecord, ...], base: Manifest | None, plan: RankPlan
     ) -> tuple[tuple[LeafRecord, ...], GroupOutline]:
         """Rank 0's records (every record it writes, placed, with its own blocks) and
-        outline (the step's leaves and, where blocks are reused, the delta's base and chain)."""
+        outline (the step's leaves and, where blocks are reused, the delta's base and chain).
+        """
         own = {record.path: record.blocks for record in part}
         laid_out = self.backend.layout(checked.headers, checked.starts[0])
         placed = tuple(replace(record, blocks=own.get(record.path, ())) for record in laid_out)
@@ -169,7 +179,8 @@ class MergeInGroups:
 
 def _check(backend: GroupLayout[Any, Any], reports: list[LeaderReport] | None, compares: bool) -> GroupsChecked | None:
     """Rank 0's check of the leaders' ``reports`` (None elsewhere, and where the boxes
-    do not tile). ``compares``: an incremental save, whose groups say what they write."""
+    do not tile). ``compares``: an incremental save, whose groups say what they write.
+    """
     verdict = None if reports is None else check_groups([report.summary for report in reports])
     if verdict is None or reports is None:
         return None

@@ -84,7 +84,8 @@ class WholeOutline:
         self, sharded: bool, per_rank: Sequence[Mapping[str, str]], chunks: Mapping[str, Sequence[str]]
     ) -> tuple[LeafRecord, ...]:
         """The manifest's leaves: without blocks when ``sharded`` (the shards hold them),
-        else with each block's checksum from its rank's report in ``per_rank``."""
+        else with each block's checksum from its rank's report in ``per_rank``.
+        """
         if sharded:
             return tuple(replace(record, blocks=()) for record in self.records)
         filled = self.records if self.checksums_in_plan else fill_checksums(self.records, per_rank, chunks)

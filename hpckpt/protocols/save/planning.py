@@ -58,7 +58,8 @@ class StagedRank:
 
     def known_checksums(self) -> dict[str, str]:
         """The checksums of this rank's blocks known at planning (device copies, lossy
-        blocks, every block of a save that compares blocks), by leaf path."""
+        blocks, every block of a save that compares blocks), by leaf path.
+        """
         return {leaf.path: leaf.checksum for leaf in self.plan.leaves
                 if leaf.kind is not LeafKind.REPLICATED and leaf.checksum != LATER}
 
@@ -152,7 +153,8 @@ def _plan_leaf(
 ) -> LeafPlan:
     """The plan of one array leaf stored in a block of its own; its stored bytes go
     into ``out[0]`` (and into ``out[1]``, when given, to be checksummed later).
-    ``position`` is this rank's (rank, size)."""
+    ``position`` is this rank's (rank, size).
+    """
     leaf, (rank, size), (arrays, deferred) = slot.value, position, out
     # a device leaf is checksummed chunk by chunk while the later chunks are still copied
     checksum = None if copy is None else pieces_checksum(copy.pieces())
@@ -203,7 +205,8 @@ def _pack(
 ) -> LeafPlan:
     """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``
     (and the block into ``deferred``, when given, to be checksummed later), its buffer
-    (from :data:`PACK_BUFFERS`) into ``lent`` when given."""
+    (from :data:`PACK_BUFFERS`) into ``lent`` when given.
+    """
     hosts = [host for _, host in members]
     nbytes = sum(host.nbytes for host in hosts)
     if lent is None:

@@ -61,7 +61,8 @@ class SaveRequest:
     @property
     def compares_blocks(self) -> bool:
         """Whether the save may reuse blocks of an earlier step: its plan then checksums
-        every block before the layout, and no layout of an earlier save is reused."""
+        every block before the layout, and no layout of an earlier save is reused.
+        """
         return self.incremental >= 2 or self.base is not None
 
     @property

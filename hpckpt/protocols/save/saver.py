@@ -107,7 +107,8 @@ class StepSaver:
 
     def _base_choice(self, context: SaveContext) -> Callable[[], Manifest | None] | None:
         """Rank 0's choice of the step a save that compares blocks compares with, read
-        without its shards (None for a save that compares none)."""
+        without its shards (None for a save that compares none).
+        """
         if not context.request.compares_blocks:
             return None
         return lambda: choose_base(self.run_dir, context.request)
