@@ -147,12 +147,13 @@ def merged_phase(comm: MPI.Comm, phase: str, action: Callable[[], list[str]]) ->
     with the findings only (rank 0 receives one empty list from each rank that has none).
     """
     gathered = comm.gather(_agree(comm, phase, action), root=0)
-    merged = None if gathered is None else list(dict.fromkeys(finding for findings in gathered for finding in findings))
+    merged = (None if gathered is None
+              else list(dict.fromkeys(finding for findings in gathered for finding in findings)))
     return comm.bcast(merged, root=0)
 
 
 def _agree(comm: MPI.Comm, phase: str, action: Callable[[], T]) -> T:
-    """This rank's result of ``action`` once every rank has run it without an error.
+    """The result of ``action`` on this rank, once every rank has run it without an error.
 
     The agreement is one integer reduction; only when some rank failed are the failures
     gathered (to name the ranks and what each saw).
@@ -182,7 +183,8 @@ def phase_timeout() -> float | None:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV}={text!r}: expected a number of seconds >= 0 (0 turns the watchdog off)")
+        raise ValueError(f"{TIMEOUT_ENV}={text!r}: expected a number of seconds >= 0 "
+                         "(0 turns the watchdog off)")
     return value or None
 
 
@@ -198,8 +200,8 @@ def prepare_watchdog(comm: MPI.Comm) -> None:
 
 
 def _groups(comm: MPI.Comm) -> tuple[MPI.Comm, MPI.Comm | None]:
-    """This rank's arrival group as a communicator (its leader is rank 0 there) and, on
-    the leaders, the leaders' communicator (``comm``'s rank 0 first; None elsewhere).
+    """The arrival group of this rank as a communicator (its leader is rank 0 there) and,
+    on the leaders, the leaders' communicator (``comm``'s rank 0 first; None elsewhere).
     Made at the first call, which is collective over ``comm``; cached on ``comm`` and
     freed with it.
     """
@@ -272,15 +274,17 @@ def await_everyone(comm: MPI.Comm, phase: str) -> None:
             forward = False
         if members and waited > timeout and not MPI.Request.Testall(from_members):
             missing = [rank for rank, request in zip(members, from_members) if not request.Test()]
-            _abort_waiting(comm, phase, waited, f"rank(s) {', '.join(map(str, missing))} of {comm.size} have not "
-                                                "arrived; the others wait there")  # fmt: skip
+            _abort_waiting(comm, phase, waited,
+                           f"rank(s) {', '.join(map(str, missing))} of {comm.size} have not "
+                           "arrived; the others wait there")
         if leaders and waited > timeout + grace:
             silent = [rank for rank, request in zip(leaders, from_leaders) if not request.Test()]
-            _abort_waiting(comm, phase, waited, f"rank(s) {', '.join(map(str, silent))} of {comm.size} have not "
-                                                f"arrived{_unheard(silent, comm.size)}; the others wait there")  # fmt: skip
+            _abort_waiting(comm, phase, waited,
+                           f"rank(s) {', '.join(map(str, silent))} of {comm.size} have not "
+                           f"arrived{_unheard(silent, comm.size)}; the others wait there")
         if comm.rank != 0 and waited > timeout + 2 * grace:
             _abort_waiting(comm, phase, waited, "not every rank has arrived and rank 0 has not reported who "
-                                                "(it may be the one missing)")  # fmt: skip
+                                                "(it may be the one missing)")
         time.sleep(pause)
         pause = min(_POLL_MAX, pause * 2 or 1e-5)
     MPI.Request.Waitall(from_members)
@@ -302,7 +306,7 @@ def _unheard(leaders: list[int], size: int) -> str:
     """What else a silent leader leaves unknown: the ranks it reports for."""
     groups = [arrival_group(leader, size) for leader in leaders]
     others = [f"{group.start + 1}-{group.stop - 1}" if len(group) > 2 else str(group.start + 1)
-              for group in groups if len(group) > 1]  # fmt: skip
+              for group in groups if len(group) > 1]
     return f" (nor reported for ranks {', '.join(others)})" if others else ""
 
 
@@ -317,7 +321,8 @@ def io_deadline(comm: MPI.Comm, phase: str, nbytes: int) -> Iterator[None]:
         yield
         return
     deadline = timeout + nbytes / IO_FLOOR_BANDWIDTH
-    what = "this rank is still inside the phase's collective I/O, which another rank has not joined or finished"
+    what = ("this rank is still inside the phase's collective I/O, "
+            "which another rank has not joined or finished")
     timer = threading.Timer(deadline, _abort_waiting, (comm, phase, deadline, what))
     timer.daemon = True
     timer.start()

@@ -24,6 +24,6 @@ def install_point_hook(hook: Callable[[str], None] | None) -> None:
 
 
 def point(name: str) -> None:
-    """This process reached point ``name``: the installed hook may act (kill, raise, stop)."""
+    """Tell the installed hook that this process reached point ``name``; it may act (kill, raise, stop)."""
     if _hook is not None:
         _hook(name)

@@ -130,7 +130,8 @@ class CheckpointReader:
             step = self.newest()
         elif not self.run_dir.manifest_path(step).exists():
             listed = ", ".join(str(s) for s in self.steps()) or "none"
-            raise MissingStepError(f"{self.run_dir.root} has no committed step {step} (committed steps: {listed})")
+            raise MissingStepError(f"{self.run_dir.root} has no committed step {step} "
+                                   f"(committed steps: {listed})")
         return self.run_dir.manifest(step)
 
     def tree(self, step: int | None = None) -> Any:
@@ -180,7 +181,8 @@ class CheckpointReader:
             self._intact_files.add(step)
         array = np.empty(block.shape, dtype=record.dtype)
         try:
-            findings = read_verified(self._backend(backend), self.run_dir, step, [BlockData(record, block, array)])
+            findings = read_verified(self._backend(backend), self.run_dir, step,
+                                     [BlockData(record, block, array)])
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"step {step}: {exc}") from exc
         if findings:
@@ -204,7 +206,8 @@ class CheckpointReader:
         if record.kind != LeafKind.LOCAL:
             raise ValueError(f"leaf {path!r} is {record.kind}, not local")
         blocks = sorted(record.blocks, key=lambda b: b.rank)
-        return [_numbers(record, self.read_block(record, block, manifest.step, backend=manifest.backend)) for block in blocks]
+        return [_numbers(record, self.read_block(record, block, manifest.step, backend=manifest.backend))
+                for block in blocks]
 
     def read_array(self, path: str, step: int | None = None) -> np.ndarray:
         """The whole array of a Distributed or Replicated leaf ``path``.
@@ -216,8 +219,10 @@ class CheckpointReader:
         record = self.record(path, manifest.step)
         if record.kind == LeafKind.LOCAL:
             raise ValueError(f"leaf {path!r} is local: read it with local_blocks()")
-        if len(record.blocks) == 1 and record.blocks[0].shape == record.whole_shape:  # one block: no second copy
-            return _numbers(record, self.read_block(record, record.blocks[0], manifest.step, backend=manifest.backend))
+        # one block: no second copy
+        if len(record.blocks) == 1 and record.blocks[0].shape == record.whole_shape:
+            return _numbers(record, self.read_block(record, record.blocks[0], manifest.step,
+                                                    backend=manifest.backend))
         whole = np.empty(record.whole_shape, dtype=record.dtype)
         everything = ((0,) * whole.ndim, whole.shape)
         for block in record.blocks:

@@ -86,7 +86,9 @@ class Storage:
         return backend_class(self.backend) if isinstance(self.backend, str) else type(self.backend)
 
     def open_backend(self) -> Backend:
-        """The backend, made with its options tuned for the striping (see :func:`~hpckpt.storage.open_backend`)."""
+        """The backend, made with its options tuned for the striping (see
+        :func:`~hpckpt.storage.open_backend`).
+        """
         return open_backend(self.backend, self.backend_options, self.striping)
 
 
@@ -135,7 +137,7 @@ class Options:
         coordinated_only = [name for name, used in (
             ("incremental saves", self.storage.incremental),
             ("local_dir and redundancy (node-local levels)", self.node_local is not None),
-        ) if used]  # fmt: skip
+        ) if used]
         if coordinated_only and self.protocol != "coordinated":
             raise ValueError(f"{coordinated_only[0]} work with the coordinated protocol only")
         if self.durable_determinants and self.protocol != "uncoordinated":
@@ -148,7 +150,8 @@ class Options:
             if not self.storage.backend_type.capabilities.repairable_in_job:
                 able = " or ".join(repr(name) for name in backend_names() if _repairable(name))
                 raise ValueError(
-                    f"recovery='ulfm' works with backend={able} only (got backend={self.storage.backend_name!r}); "
+                    f"recovery='ulfm' works with backend={able} only "
+                    f"(got backend={self.storage.backend_name!r}); "
                     "collective-I/O backends (hdf5, adios2) are not supported yet"
                 )
 
@@ -159,7 +162,8 @@ class Options:
         """
         unknown = sorted(set(keywords) - set(OptionKeywords.__annotations__))
         if unknown:
-            raise TypeError(f"unknown option {unknown[0]!r}; the options are {', '.join(OptionKeywords.__annotations__)}")
+            raise TypeError(f"unknown option {unknown[0]!r}; "
+                            f"the options are {', '.join(OptionKeywords.__annotations__)}")
         given: dict[str, Any] = dict(keywords)
 
         def part(kind: type, renamed: dict[str, str] | None = None) -> Any:

@@ -26,7 +26,8 @@ class ProgressLine:
         if self.enabled and (now - self._shown > 0.2 or self.done >= self.total):
             self._shown = now
             percent = 100 * self.done // self.total
-            self.stream.write(f"\r{self.label}: {percent}% ({human_bytes(self.done)} of {human_bytes(self.total)})")
+            self.stream.write(f"\r{self.label}: {percent}% "
+                              f"({human_bytes(self.done)} of {human_bytes(self.total)})")
             self.stream.flush()
 
     def close(self) -> None:

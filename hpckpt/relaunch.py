@@ -27,7 +27,8 @@ def launched(launcher: str, ranks: int | None, command: Sequence[str]) -> list[s
     ranks`` (``ranks`` defaults to ``$SLURM_NTASKS``). ValueError when mpiexec has no rank count.
     """
     if launcher == "srun":
-        return ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", *(["-n", str(ranks)] if ranks else []), *command]
+        return ["srun", "--mpi=pmi2", "--kill-on-bad-exit=1", *(["-n", str(ranks)] if ranks else []),
+                *command]
     count = ranks or os.environ.get("SLURM_NTASKS")
     if not count:
         raise ValueError(f"--launch {launcher} needs --ranks N outside a Slurm job (SLURM_NTASKS is not set)")
@@ -48,7 +49,9 @@ def exit_code(status: int) -> int:
     return 128 - status if status < 0 else status
 
 
-def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float, requeue: bool = False) -> int:
+def run_with_relaunch(
+    command: Sequence[str], *, max_restarts: int, delay: float, requeue: bool = False
+) -> int:
     """Run ``command``; after a non-zero exit run it again, at most ``max_restarts`` times.
 
     Not an MPI call: it runs outside the job (``hpckpt run -- mpiexec ...``). Exports
@@ -96,19 +99,21 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
             if stopping:  # SIGTERM or SIGINT came while it started
                 attempt_process.signal(signal.SIGTERM)
             status = attempt_process.wait()
-            finished, stop_reason, attempt_process = attempt_process.finished, attempt_process.stop_reason, None
+            finished, stop_reason = attempt_process.finished, attempt_process.stop_reason
+            attempt_process = None
             elapsed = time.monotonic() - started
             if status == 0 and stop_reason is not None and not finished:
-                report(f"attempt {attempt + 1}/{attempts} exited with status 0, but its ranks were told to stop "
-                       f"({stop_reason}) and to exit {STOPPED_EXIT_CODE}: the launcher lost their exit status; "
-                       "taking it as stopped with a checkpoint")
+                report(f"attempt {attempt + 1}/{attempts} exited with status 0, "
+                       f"but its ranks were told to stop ({stop_reason}) and to exit {STOPPED_EXIT_CODE}: "
+                       "the launcher lost their exit status; taking it as stopped with a checkpoint")
                 status = STOPPED_EXIT_CODE
             if status == 0:
                 report(f"attempt {attempt + 1}/{attempts} succeeded after {elapsed:.1f} s")
                 return 0
             if finished:
-                report(f"attempt {attempt + 1}/{attempts} finished its work (Checkpointer.finish) but then exited "
-                       f"with {describe_status(status)} after {elapsed:.1f} s; not relaunching")
+                report(f"attempt {attempt + 1}/{attempts} finished its work (Checkpointer.finish) "
+                       f"but then exited with {describe_status(status)} after {elapsed:.1f} s; "
+                       "not relaunching")
                 return exit_code(status)
             if status == STOPPED_EXIT_CODE:
                 report(f"attempt {attempt + 1}/{attempts} stopped with a checkpoint after {elapsed:.1f} s "
@@ -116,7 +121,8 @@ def run_with_relaunch(command: Sequence[str], *, max_restarts: int, delay: float
                 if requeue and not stopping:
                     requeue_slurm_job()
                 return status
-            report(f"attempt {attempt + 1}/{attempts} failed after {elapsed:.1f} s: {describe_status(status)}")
+            report(f"attempt {attempt + 1}/{attempts} failed after {elapsed:.1f} s: "
+                   f"{describe_status(status)}")
             if stopping:
                 report("stopped by a signal; not relaunching")
                 break
@@ -143,7 +149,7 @@ class _Attempt:
         self.started = time.monotonic()
         self.held = held  # the caller's list: a signal arriving while this starts is kept
         env = {**os.environ, ATTEMPT_ENV: str(attempt), READY_FILE_ENV: str(self.ready_file),
-               FINISHED_FILE_ENV: str(self.finished_file), STOP_FILE_ENV: str(self.stop_file)}  # fmt: skip
+               FINISHED_FILE_ENV: str(self.finished_file), STOP_FILE_ENV: str(self.stop_file)}
         self.process = subprocess.Popen(list(command), env=env)
 
     def ready(self) -> bool:

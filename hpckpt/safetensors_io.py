@@ -36,12 +36,13 @@ from .storage.commit import RunDirectory
 Progress = Callable[[int], None]
 METADATA_KEY = "hpckpt"
 _DTYPES = {"<f8": "F64", "<f4": "F32", "<f2": "F16", "<i8": "I64", "<i4": "I32", "<i2": "I16", "|i1": "I8",
-           "|u1": "U8", "<u2": "U16", "<u4": "U32", "<u8": "U64", "|b1": "BOOL"}  # fmt: skip
+           "|u1": "U8", "<u2": "U16", "<u4": "U32", "<u8": "U64", "|b1": "BOOL"}
 _NUMPY = {name: np.dtype(code) for code, name in _DTYPES.items()} | {"BF16": np.dtype("<u2")}
 _HEADER_LIMIT = 100 << 20  # bytes: a longer header is not a safetensors file
 
 
-def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str], progress: Progress | None = None) -> Path:
+def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str],
+                progress: Progress | None = None) -> Path:
     """Write ``step`` of ``reader``'s run directory to the safetensors file ``path``
     (replaced atomically, made durable). Every block is checked against its checksum.
 
@@ -55,19 +56,22 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
     kinds: dict[str, LeafKind] = {}
     for record in sorted(manifest.tree_leaves, key=lambda r: r.path.split("/")):
         if record.encoding == "pickle":
-            raise InvalidStateError(f"leaf {record.path!r} of step {step} is a pickled object: safetensors holds arrays only")
+            raise InvalidStateError(f"leaf {record.path!r} of step {step} is a pickled object: "
+                                    "safetensors holds arrays only")
         code = "BF16" if record.encoding == BFLOAT16 else _DTYPES.get(_little_endian(record.dtype))
         if code is None:
-            raise InvalidStateError(f"leaf {record.path!r} of step {step} has dtype {np.dtype(record.dtype)}, "
-                                    f"which safetensors has no type for (it holds {sorted(_NUMPY)})")  # fmt: skip
+            raise InvalidStateError(f"leaf {record.path!r} of step {step} has dtype "
+                                    f"{np.dtype(record.dtype)}, "
+                                    f"which safetensors has no type for (it holds {sorted(_NUMPY)})")
         if record.kind == LeafKind.LOCAL:
             for block in sorted(record.blocks, key=lambda b: b.rank):
                 name = f"{record.path}/rank-{block.rank:05d}"
-                entries.append((name, code, block.shape, partial(reader.read_block, record, block, step,
-                                                                 backend=manifest.backend)))  # fmt: skip
+                entries.append((name, code, block.shape,
+                                partial(reader.read_block, record, block, step, backend=manifest.backend)))
                 kinds[name] = LeafKind.LOCAL
         else:
-            entries.append((record.path, code, record.whole_shape, partial(reader.read_array, record.path, step)))
+            entries.append((record.path, code, record.whole_shape,
+                            partial(reader.read_array, record.path, step)))
             kinds[record.path] = record.kind
     header: dict[str, Any] = {}
     offset = 0
@@ -75,7 +79,8 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
         size = int(np.prod(shape, dtype=np.int64)) * _NUMPY[code].itemsize
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
-    described = {"step": manifest.step, "values": manifest.values, "lists": list(manifest.lists), "kinds": kinds}
+    described = {"step": manifest.step, "values": manifest.values, "lists": list(manifest.lists),
+                 "kinds": kinds}
     header["__metadata__"] = {METADATA_KEY: json.dumps(described)}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
@@ -127,26 +132,28 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
         prefix = handle.read(8)
         length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
         if not 0 < length <= min(_HEADER_LIMIT, size - 8):
-            raise CorruptCheckpointError(f"{path}: not a safetensors file (header length {length}, file {size} bytes)")
+            raise CorruptCheckpointError(f"{path}: not a safetensors file "
+                                         f"(header length {length}, file {size} bytes)")
         try:
             header = json.loads(handle.read(length))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptCheckpointError(f"{path}: not a safetensors file: its header is not JSON ({exc})") from exc
+            raise CorruptCheckpointError(
+                f"{path}: not a safetensors file: its header is not JSON ({exc})") from exc
     data_size = size - 8 - length
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         begin, end = entry["data_offsets"]
-        expected = int(np.prod(entry["shape"], dtype=np.int64)) * _NUMPY[entry["dtype"]].itemsize \
-            if entry["dtype"] in _NUMPY else -1  # fmt: skip
+        expected = (int(np.prod(entry["shape"], dtype=np.int64)) * _NUMPY[entry["dtype"]].itemsize
+                    if entry["dtype"] in _NUMPY else -1)
         if expected < 0 or not 0 <= begin <= end <= data_size or end - begin != expected:
-            raise CorruptCheckpointError(f"{path}: tensor {name!r} ({entry['dtype']} {entry['shape']}) does not fit "
-                                         f"bytes {begin}:{end} of the {data_size} data bytes")  # fmt: skip
+            raise CorruptCheckpointError(f"{path}: tensor {name!r} ({entry['dtype']} {entry['shape']}) "
+                                         f"does not fit bytes {begin}:{end} of the {data_size} data bytes")
     return header, 8 + length
 
 
 def import_file(path: str | os.PathLike[str], destination: str | os.PathLike[str], *, step: int | None = None,
-                backend: str = "hdf5") -> int:  # fmt: skip
+                backend: str = "hdf5") -> int:
     """Save every tensor of safetensors file ``path`` as a Replicated leaf of a new
     committed step of run directory ``destination`` (``step``: the one in a file this
     module wrote, else 0), with the plain values such a file holds. Returns the step.
@@ -166,15 +173,15 @@ def import_file(path: str | os.PathLike[str], destination: str | os.PathLike[str
             continue
         begin, end = entry["data_offsets"]
         dtype = _NUMPY[entry["dtype"]]
-        data = np.memmap(path, dtype=dtype, mode="c", offset=start + begin, shape=tuple(entry["shape"])) \
-            if end > begin else np.empty(entry["shape"], dtype=dtype)  # fmt: skip
+        data = (np.memmap(path, dtype=dtype, mode="c", offset=start + begin, shape=tuple(entry["shape"]))
+                if end > begin else np.empty(entry["shape"], dtype=dtype))
         leaves[name] = Replicated(_as_bfloat16(data) if entry["dtype"] == "BF16" else data)
     tree = nest(leaves, described.get("lists", ()))
     chosen = described.get("step", 0) if step is None else step
     existing = RunDirectory(destination).committed_steps() if Path(destination).is_dir() else []
     if chosen in existing:
-        raise FileExistsError(f"{destination} already has a committed step {chosen}; import into another directory "
-                              "or give another step")  # fmt: skip
+        raise FileExistsError(f"{destination} already has a committed step {chosen}; "
+                              "import into another directory or give another step")
     keep = len(existing) + 1  # an import deletes none of the steps already there
     with hpckpt.Checkpointer(destination, comm=MPI.COMM_SELF, backend=backend, keep=keep) as checkpointer:
         checkpointer.save(chosen, tree)

@@ -62,7 +62,12 @@ class Schedule:
     """
 
     def __init__(
-        self, *, steps: int | None = None, seconds: float | None = None, auto: bool = False, mtbf: float | None = None
+        self,
+        *,
+        steps: int | None = None,
+        seconds: float | None = None,
+        auto: bool = False,
+        mtbf: float | None = None,
     ) -> None:
         if sum((steps is not None, seconds is not None, auto)) != 1:
             raise ValueError("give exactly one of steps=N, seconds=T or auto=True")
@@ -73,7 +78,8 @@ class Schedule:
         if auto and mtbf is None:
             text = os.environ.get(MTBF_ENV)
             if not text:
-                raise ValueError(f"auto=True needs the mean time between failures: mtbf=SECONDS or {MTBF_ENV}")
+                raise ValueError(
+                    f"auto=True needs the mean time between failures: mtbf=SECONDS or {MTBF_ENV}")
             try:
                 mtbf = float(text)
             except ValueError as exc:
@@ -81,7 +87,8 @@ class Schedule:
         if mtbf is not None and not mtbf > 0:
             raise ValueError(f"mtbf must be > 0 seconds, got {mtbf!r}")
         self.steps, self.auto, self.mtbf = steps, auto, mtbf
-        self.interval_seconds = daly_interval(_FIRST_COST_GUESS, mtbf) if mtbf is not None and auto else seconds
+        self.interval_seconds = (daly_interval(_FIRST_COST_GUESS, mtbf) if mtbf is not None and auto
+                                 else seconds)
         self._costs: deque[float] = deque(maxlen=3)
         self._pending_cost = 0.0
         self._last = time.monotonic()
@@ -109,7 +116,8 @@ class Schedule:
         mean = sum(self._costs) / len(self._costs)
         interval = daly_interval(mean, self.mtbf)
         if abs(interval - self.interval_seconds) > 0.1 * self.interval_seconds and rank == 0:
-            LOG.info("hpckpt: checkpoint interval %.3g s (cost %.3g s, MTBF %.3g s, Daly)", interval, mean, self.mtbf)
+            LOG.info("hpckpt: checkpoint interval %.3g s (cost %.3g s, MTBF %.3g s, Daly)",
+                     interval, mean, self.mtbf)
         self.interval_seconds = interval
 
     def saved(self, cost: float) -> None:

@@ -80,7 +80,8 @@ def job_end_time() -> float | None:
         )
         left = parse_time_left(result.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        print(f"hpckpt: cannot read job {job}'s time limit ({exc}); stopping on signals only", file=sys.stderr)
+        print(f"hpckpt: cannot read job {job}'s time limit ({exc}); stopping on signals only",
+              file=sys.stderr)
         return None
     return None if left is None else time.time() + left
 
@@ -89,7 +90,9 @@ def signal_number(name: str) -> signal.Signals:
     """``"USR1"``, ``"SIGUSR1"`` or ``"10"`` as a signal."""
     text = name.strip().upper()
     try:
-        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
         raise ValueError(f"unknown signal {name!r}; expected a name such as USR1 or TERM") from None
 
@@ -125,7 +128,8 @@ class JobControl:
         name = stop_signal if stop_signal is not None else os.environ.get("HPCKPT_STOP_SIGNAL", "USR1")
         extra = signal.Signals(name) if isinstance(name, int) else signal_number(name)
         self.signals = (signal.SIGTERM, extra) if extra != signal.SIGTERM else (signal.SIGTERM,)
-        self.margin = float(os.environ.get("HPCKPT_STOP_MARGIN", DEFAULT_MARGIN)) if margin is None else margin
+        self.margin = (float(os.environ.get("HPCKPT_STOP_MARGIN", DEFAULT_MARGIN)) if margin is None
+                       else margin)
         if not self.margin >= 0:
             raise ValueError(f"the stop margin must be >= 0 seconds, got {self.margin}")
         self.restart_count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
@@ -135,7 +139,8 @@ class JobControl:
         self._longest_step = 0.0
         self._last_call: float | None = None
         if end_time is None:  # rank 0 asks; a bad HPCKPT_END_TIME then fails on every rank, no rank waits
-            end_time = share_phase(comm, "read the job's end time", lambda: job_end_time() if comm.rank == 0 else None)
+            end_time = share_phase(comm, "read the job's end time",
+                                   lambda: job_end_time() if comm.rank == 0 else None)
         self.end_time: float | None = end_time
         self._previous = {signum: signal.signal(signum, self._on_signal) for signum in self.signals}
         comm.Barrier()  # every rank's handlers are in place
@@ -188,7 +193,8 @@ class JobControl:
 
     def describe(self) -> str:
         """One line for the job's log: Slurm job id, restart count, wall time left."""
-        parts = [f"Slurm job {self.job_id}, restart {self.restart_count}" if self.job_id else "not under Slurm"]
+        parts = [f"Slurm job {self.job_id}, restart {self.restart_count}" if self.job_id
+                 else "not under Slurm"]
         left = self.seconds_left()
         parts.append("no time limit known" if left is None else f"{left:.0f} s of wall time left")
         names = " or ".join(signal.Signals(s).name for s in self.signals)

@@ -6,9 +6,10 @@ of torch, NumPy and Python on each rank. Saved, it is a tree of hpckpt leaves ov
 live tensors (no copy): parameters, buffers and optimizer state as ``Replicated`` leaves
 (every data-parallel rank holds the same; each rank writes a share, and a restore reads
 each byte from storage once), or, sharded with FSDP2 (``DTensor``), as Distributed leaves
-of each rank's shard (restorable on another number of ranks), hyper-parameters and scheduler counters as plain values,
-RNG states as ``Local`` leaves. Restored, parameters and optimizer tensors are filled in
-place, and the optimizers, schedulers and generators get their saved state back.
+of each rank's shard (restorable on another number of ranks), hyper-parameters and
+scheduler counters as plain values, RNG states as ``Local`` leaves. Restored, parameters
+and optimizer tensors are filled in place, and the optimizers, schedulers and generators
+get their saved state back.
 
 An optimizer creates its state at its first step. Before a restore, a :class:`TrainingState`
 creates it the way the optimizer does, with a step at learning rate 0 on zero gradients
@@ -58,7 +59,8 @@ class TrainingState:
 
     Examples
     --------
-    >>> training = hpckpt.torch.TrainingState(model, optimizer, scheduler, extra={"step": 0})  # doctest: +SKIP
+    >>> training = hpckpt.torch.TrainingState(
+    ...     model, optimizer, scheduler, extra={"step": 0})  # doctest: +SKIP
     >>> start = checkpointer.restore(training) or 0
     >>> ...
     >>> training.extra["step"] = step
@@ -66,7 +68,7 @@ class TrainingState:
     """
 
     def __init__(self, model: Any, optimizers: Any = (), schedulers: Any = (), *, rng: bool = True,
-                 extra: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 extra: dict[str, Any] | None = None) -> None:
         self.model = getattr(model, "module", model)
         self.optimizers = _as_list(optimizers)
         self.schedulers = _as_list(schedulers)
@@ -103,7 +105,8 @@ class TrainingState:
             holds leaves other than hyper-parameters that this state does not have.
         """
         optimizer_state = tuple(f"optimizers/{index}/state/" for index in range(len(self.optimizers)))
-        other = [path for path in restored.missing if not path.startswith(optimizer_state) and not _hyper(path)]
+        other = [path for path in restored.missing
+                 if not path.startswith(optimizer_state) and not _hyper(path)]
         unexpected = [path for path in restored.unexpected if not _hyper(path)]
         if other or unexpected:
             raise StateMismatchError(
@@ -128,7 +131,8 @@ def _hyper(path: str) -> bool:
     torch version, a scheduler's ``initial_lr``) is no mismatch; the optimizer keeps its own.
     """
     parts = path.split("/")
-    return len(parts) == 5 and parts[0] == "optimizers" and parts[2] == "param_groups" and parts[4] != "params"
+    return (len(parts) == 5 and parts[0] == "optimizers" and parts[2] == "param_groups"
+            and parts[4] != "params")
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -169,7 +173,8 @@ def _load_optimizer(optimizer: Any, saved: dict[str, Any]) -> None:
     """Put the restored param groups (and the state filled in place) into ``optimizer``."""
     groups = []
     for live, restored in zip(optimizer.param_groups, saved["param_groups"]):
-        groups.append({key: tuple(value) if isinstance(live.get(key), tuple) else value for key, value in restored.items()})
+        groups.append({key: tuple(value) if isinstance(live.get(key), tuple) else value
+                       for key, value in restored.items()})
     current = optimizer.state_dict()
     optimizer.load_state_dict({"state": current["state"], "param_groups": groups})
 
@@ -208,8 +213,9 @@ def _leaf(tensor: Any) -> Replicated | Distributed:
     if all(isinstance(placement, Replicate) for placement in tensor.placements):
         return Replicated(tensor.to_local())
     if not all(isinstance(placement, Shard) for placement in tensor.placements):
-        raise ValueError(f"a DTensor placed {tensor.placements}: hpckpt.torch takes tensors sharded (Shard) or "
-                         "replicated (Replicate) on every mesh dimension")  # fmt: skip
+        raise ValueError(f"a DTensor placed {tensor.placements}: "
+                         "hpckpt.torch takes tensors sharded (Shard) or "
+                         "replicated (Replicate) on every mesh dimension")
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
@@ -217,7 +223,7 @@ def _leaf(tensor: Any) -> Replicated | Distributed:
 
 
 def _rng_tree() -> dict[str, Any]:
-    """This rank's generators as Local leaves (they differ between ranks)."""
+    """The generators of this rank as Local leaves (they differ between ranks)."""
     import torch
 
     version, internal, gauss = random.getstate()

@@ -58,10 +58,12 @@ def main() -> None:
     first = max(comm.allgather(blocked[0]))
     steady = max(comm.allgather(statistics.median(blocked[1:])))
     if comm.rank == 0:
-        print(f"bench_async: {comm.size} ranks x {args.mib} MiB, backend {args.backend}, {written} saves committed")
+        print(f"bench_async: {comm.size} ranks x {args.mib} MiB, backend {args.backend}, "
+              f"{written} saves committed")
         print(f"  one memcpy of the state          {memcpy:7.3f} s")
         print(f"  save(blocking=False), first      {first:7.3f} s (allocates the snapshot buffers)")
-        print(f"  save(blocking=False), steady     {steady:7.3f} s  = {steady / memcpy:4.2f} x memcpy (goal <= 1.25)")
+        print(f"  save(blocking=False), steady     {steady:7.3f} s  = {steady / memcpy:4.2f} x memcpy "
+              "(goal <= 1.25)")
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -59,7 +59,9 @@ def median_seconds(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(seconds)
 
 
-def compare_codecs(name: str, array: np.ndarray, repeat: int, tolerances: tuple[float, ...] = (1e-6, 1e-3)) -> None:
+def compare_codecs(
+    name: str, array: np.ndarray, repeat: int, tolerances: tuple[float, ...] = (1e-6, 1e-3)
+) -> None:
     raw = array.nbytes
     blosc = codec.encode(array)
     back = np.empty_like(array)
@@ -70,11 +72,14 @@ def compare_codecs(name: str, array: np.ndarray, repeat: int, tolerances: tuple[
                             median_seconds(lambda: codec.decode(blosc, back), repeat)),
         "zstd level 3": (len(packed), median_seconds(lambda: zstd_c.compress(array.tobytes()), repeat),
                          median_seconds(lambda: zstd_d.decompress(packed), repeat)),
-    }  # fmt: skip
+    }
     for tolerance in tolerances:
         lossy = codec.encode_lossy(array, tolerance)
-        rows[f"zfp, error {tolerance:g}"] = (lossy.nbytes, median_seconds(lambda: codec.encode_lossy(array, tolerance), repeat),
-                                             median_seconds(lambda: codec.decode_lossy(lossy, back), repeat))  # fmt: skip
+        rows[f"zfp, error {tolerance:g}"] = (
+            lossy.nbytes,
+            median_seconds(lambda: codec.encode_lossy(array, tolerance), repeat),
+            median_seconds(lambda: codec.decode_lossy(lossy, back), repeat),
+        )
         codec.decode_lossy(lossy, back)
         assert np.abs(back - array).max() <= tolerance
     print(f"{name}: {raw / 2**20:.1f} MiB of {array.dtype}")

@@ -30,7 +30,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=512, help="MiB per rank (default 512)")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds; medians (default 5)")
-    parser.add_argument("--dir", default=".bench-direct", help="scratch directory on the file system to measure")
+    parser.add_argument("--dir", default=".bench-direct",
+                        help="scratch directory on the file system to measure")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     root = fresh_directory(comm, args.dir)
@@ -44,10 +45,11 @@ def main() -> None:
         return {f"{name}{'' if direct else ' buffered'}": hpckpt.Checkpointer(
                     root / f"{prefix}-{name}-{direct}", comm=comm, keep=keep, backend=name,
                     backend_options={"direct_io": direct})
-                for name in BACKENDS for direct in (True, False)}  # fmt: skip
+                for name in BACKENDS for direct in (True, False)}
 
     growing = checkpointers("new", rounds + 1)
-    raw_files = {"raw new": root / f"raw-{comm.rank}.bin", "raw direct new": root / f"raw-direct-{comm.rank}.bin"}
+    raw_files = {"raw new": root / f"raw-{comm.rank}.bin",
+                 "raw direct new": root / f"raw-direct-{comm.rank}.bin"}
     new: dict[str, Callable[[], object]] = {
         "raw new": lambda: write_raw(raw_files["raw new"], block),
         "raw direct new": lambda: write_raw(raw_files["raw direct new"], block, aligned=aligned),
@@ -68,8 +70,8 @@ def main() -> None:
         show("save into new files", result)
     in_place: dict[str, Callable[[], object]] = {
         "raw in place": lambda: write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False),
-        "raw direct in place": lambda: write_raw(root / f"raw-direct-in-place-{comm.rank}.bin", block, truncate=False,
-                                                 aligned=aligned),
+        "raw direct in place": lambda: write_raw(root / f"raw-direct-in-place-{comm.rank}.bin", block,
+                                                 truncate=False, aligned=aligned),
     }
     for name, checkpointer in checkpointers("in-place", 1).items():
         in_place[name] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)

@@ -47,7 +47,8 @@ def job(directory: str, mib: int, repeat: int) -> None:
     comm = MPI.COMM_WORLD
     rows = (mib << 20) // 8 // 4096
     field = np.random.default_rng(comm.rank).random((rows, 4096))
-    state = {"u": hpckpt.Distributed(field, global_shape=(rows * comm.size, 4096), offset=(rows * comm.rank, 0))}
+    state = {"u": hpckpt.Distributed(field, global_shape=(rows * comm.size, 4096),
+                                     offset=(rows * comm.rank, 0))}
     syncs = {
         "per-rank": sync_files,
         "rank0": _rank0(comm),
@@ -72,7 +73,8 @@ def job(directory: str, mib: int, repeat: int) -> None:
                         times[backend][mode].append(elapsed)
         committing.sync_files = sync_files
     if comm.rank == 0:
-        print(json.dumps({b: {m: statistics.median(t) for m, t in modes.items()} for b, modes in times.items()}))
+        print(json.dumps({b: {m: statistics.median(t) for m, t in modes.items()}
+                          for b, modes in times.items()}))
 
 
 def _rank0(comm):
@@ -102,7 +104,8 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from tests.lab.cluster import Lab
 
-    command = [sys.executable, str(Path(__file__).resolve()), "--mib", str(args.mib), "--repeat", str(args.repeat)]
+    command = [sys.executable, str(Path(__file__).resolve()), "--mib", str(args.mib),
+               "--repeat", str(args.repeat)]
     scratch = Path(args.dir).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     plain = subprocess.run(["mpiexec", "-n", "2", *command, "--job", str(scratch / "plain")],
@@ -119,7 +122,8 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     for where, backends in results.items():
         for backend, modes in backends.items():
-            ratios = ", ".join(f"{mode} {seconds:.3f} s ({seconds / modes['none']:.2f}x)" for mode, seconds in modes.items())
+            ratios = ", ".join(f"{mode} {seconds:.3f} s ({seconds / modes['none']:.2f}x)"
+                               for mode, seconds in modes.items())
             print(f"{where}, {backend}: {ratios}")
 
 

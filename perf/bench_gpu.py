@@ -105,7 +105,8 @@ def main() -> None:
             "copy + save": lambda: seconds_of(copy_then_save),
             "async wait": async_wait,
             "restore host": lambda: seconds_of(
-                lambda: checkpointer.restore({name: hpckpt.Local(array) for name, array in host_targets.items()})
+                lambda: checkpointer.restore(
+                    {name: hpckpt.Local(array) for name, array in host_targets.items()})
             ),
             "restore device": lambda: seconds_of(restore_device),
         }
@@ -115,7 +116,8 @@ def main() -> None:
                 cupy.cuda.Device().synchronize()
                 seconds.setdefault(name, []).append(way())
             for name, array in device.items():
-                assert bool(cupy.array_equal(targets[name], array)), f"restored {name} differs from the saved array"
+                assert bool(cupy.array_equal(targets[name], array)), (
+                    f"restored {name} differs from the saved array")
 
     median = {name: statistics.median(values) for name, values in seconds.items()}
     ratios = {
@@ -132,7 +134,8 @@ def main() -> None:
     for name, value in ratios.items():
         print(f"  {name:32s} {value:6.2f}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"mib": args.mib, "seconds": seconds, "median": median, "ratios": ratios}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"mib": args.mib, "seconds": seconds, "median": median, "ratios": ratios}, indent=1))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import tempfile
 def run_heat(ranks: int, n: int, iters: int, extra: list[str]) -> tuple[float, int, str]:
     with tempfile.TemporaryDirectory() as directory:
         command = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "hpckpt.examples.heat", "--n", str(n),
-                   "--iters", str(iters), "--dir", directory, *extra]  # fmt: skip
+                   "--iters", str(iters), "--dir", directory, *extra]
         output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     match = re.search(r"heat: \d+ ranks, \S+, (\d+) checkpoints saved in [\d.]+ s of ([\d.]+) s", output)
     interval = re.search(r"heat: Daly interval ([\d.]+) s", output)
@@ -39,12 +39,14 @@ def main() -> None:
     plain, auto, counts, intervals = [], [], [], []
     for _ in range(args.repeat):
         plain.append(run_heat(args.ranks, args.n, args.iters, ["--every", "0"])[0])
-        seconds, count, interval = run_heat(args.ranks, args.n, args.iters, ["--every", "0", "--mtbf", str(args.mtbf)])
+        seconds, count, interval = run_heat(args.ranks, args.n, args.iters,
+                                            ["--every", "0", "--mtbf", str(args.mtbf)])
         auto.append(seconds)
         counts.append(count)
         intervals.append(interval)
     base, with_auto = statistics.median(plain), statistics.median(auto)
-    print(f"bench_interval: heat {args.ranks} ranks, {args.n}x{args.n}, {args.iters} iterations, MTBF {args.mtbf:g} s")
+    print(f"bench_interval: heat {args.ranks} ranks, {args.n}x{args.n}, {args.iters} iterations, "
+          f"MTBF {args.mtbf:g} s")
     print(f"  no checkpoints     {base:7.3f} s")
     print(f"  Daly interval      {with_auto:7.3f} s  checkpoints {counts}, last interval {intervals} s")
     print(f"  overhead           {100 * (with_auto - base) / base:6.2f} % (goal < 3 %)")

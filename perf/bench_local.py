@@ -46,12 +46,14 @@ def main() -> None:
 
     checkpointers = {
         redundancy: hpckpt.Checkpointer(
-            Path(args.dir) / redundancy, comm=comm, local_dir=local / redundancy, redundancy=redundancy, flush_every=0, keep=1
+            Path(args.dir) / redundancy, comm=comm, local_dir=local / redundancy, redundancy=redundancy,
+            flush_every=0, keep=1,
         )
         for redundancy in ("none", "partner", "xor")
     }
     step = iter(range(1, 10**6))
-    ways = {"raw": raw} | {f"local-{name}": (lambda c=c: c.save(next(step), state)) for name, c in checkpointers.items()}
+    ways = {"raw": raw} | {f"local-{name}": (lambda c=c: c.save(next(step), state))
+                           for name, c in checkpointers.items()}
     seconds = time_ways(comm, ways, args.repeat)
     for checkpointer in checkpointers.values():
         checkpointer.close()

@@ -50,7 +50,7 @@ def heat(args: argparse.Namespace, run_dir: Path, python: Path, crash: bool) -> 
     command = [
         str(python), "-m", "hpckpt.examples.heat", "--n", str(args.n), "--iters", str(args.iters),
         "--every", str(args.every), "--pace", str(args.pace), "--backend", "posix", "--dir", str(run_dir),
-    ]  # fmt: skip
+    ]
     if crash:
         command += ["--crash-at-iter", str(args.crash_at), "--crash-rank", "1"]
     return command
@@ -90,7 +90,8 @@ def main() -> None:
             run_dir = root / "run"
             shutil.rmtree(run_dir, ignore_errors=True)
             started = time.perf_counter()
-            result = subprocess.run(way_command(way, args, run_dir), capture_output=True, text=True, env=ENV, timeout=300)
+            result = subprocess.run(way_command(way, args, run_dir), capture_output=True, text=True, env=ENV,
+                                    timeout=300)
             seconds[way].append(time.perf_counter() - started)
             if result.returncode != 0 or not CHECKSUM.search(result.stdout):
                 sys.exit(f"{way}: exit status {result.returncode}\n{result.stdout}\n{result.stderr[-3000:]}")
@@ -110,11 +111,12 @@ def main() -> None:
     repair_s = statistics.median(p for _, p in recoveries)
     print("  time lost: " + ", ".join(
         f"{kind} {lost[kind]:.3f} s ({lost[kind] / lost['ulfm']:.1f} x ulfm)" for kind in kinds))
-    print(f"  ulfm recovery as the job measures it: {recover_s:.3f} s (repair {repair_s:.3f} s, the rest restore)")
+    print(f"  ulfm recovery as the job measures it: {recover_s:.3f} s "
+          f"(repair {repair_s:.3f} s, the rest restore)")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"seconds": seconds, "medians": medians, "lost_s": lost, "recover_s": recover_s, "repair_s": repair_s,
-             "args": vars(args)}, indent=1) + "\n")  # fmt: skip
+            {"seconds": seconds, "medians": medians, "lost_s": lost, "recover_s": recover_s,
+             "repair_s": repair_s, "args": vars(args)}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=256, help="MiB per rank (default 256)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", default="/tmp/hpckpt-bench")
-    parser.add_argument("--backends", default="hdf5,adios2,posix", help="hpckpt backends to time (comma-separated)")
-    parser.add_argument("--adios2-param", action="append", default=[], metavar="KEY=VALUE", help="ADIOS2 engine parameter")
+    parser.add_argument("--backends", default="hdf5,adios2,posix",
+                        help="hpckpt backends to time (comma-separated)")
+    parser.add_argument("--adios2-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="ADIOS2 engine parameter")
     args = parser.parse_args()
     adios2_parameters = {**DEFAULT_PARAMETERS, **dict(item.split("=", 1) for item in args.adios2_param)}
     comm = MPI.COMM_WORLD
@@ -59,7 +61,8 @@ def main() -> None:
 
     options = {"adios2": {"parameters": adios2_parameters}}
     checkpointers = {
-        name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name, backend_options=options.get(name))
+        name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name,
+                                  backend_options=options.get(name))
         for name in args.backends.split(",")
     }
     step = iter(range(1, 10**6))
@@ -76,7 +79,8 @@ def main() -> None:
         print(f"  adios2 parameters: {adios2_parameters}")
         print_bandwidths(seconds, total)
         for name, seconds_of in phases.items():
-            print(f"  hpckpt-{name} phases of the last save (s): " + ", ".join(f"{k} {v:.3f}" for k, v in seconds_of.items()))
+            print(f"  hpckpt-{name} phases of the last save (s): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in seconds_of.items()))
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -285,9 +285,8 @@ def in_groups(ranks: int, plans: list[RankPlan]) -> dict[str, Any]:
     from mpi4py import MPI
 
     first = arrival_group(0, ranks)
-    found: dict[str, Any] = {
-        "group_plans_bytes": len(pickle.dumps(plans[first.start : first.stop], protocol=pickle.HIGHEST_PROTOCOL))
-    }
+    found: dict[str, Any] = {"group_plans_bytes": len(pickle.dumps(plans[first.start : first.stop],
+                                                                    protocol=pickle.HIGHEST_PROTOCOL))}
     found["group_merge_s"], (records, _) = seconds(
         lambda: merge_group(plans[first.start : first.stop], first.start, ranks))
     hdf5 = HDF5Backend(direct_io=False)
@@ -399,9 +398,8 @@ def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dic
         return blocks
 
     first, middle = arrival_group(0, ranks), arrival_group(ranks // 2, ranks)
-    found: dict[str, Any] = {
-        "shard_sync_bytes": len(pickle.dumps([report_of(rank) for rank in first], protocol=pickle.HIGHEST_PROTOCOL))
-    }
+    found: dict[str, Any] = {"shard_sync_bytes": len(pickle.dumps([report_of(rank) for rank in first],
+                                                                   protocol=pickle.HIGHEST_PROTOCOL))}
     found["shard_s"], text = seconds(lambda: shard_json(ranks, first.start, first.stop, blocks_of(first)))
     found["shard_bytes"] = len(text)
     texts = {shard_name(group.start): shard_json(ranks, group.start, group.stop, blocks_of(group))
@@ -815,7 +813,8 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "scale.json").write_text(
             json.dumps(
-                {"model": MODEL, "points": points, "groups": grouped, "mpi": counted, "failed": failed}, indent=1
+                {"model": MODEL, "points": points, "groups": grouped, "mpi": counted, "failed": failed},
+                indent=1,
             )
             + "\n"
         )

@@ -60,7 +60,8 @@ def logging_overhead(root: Path, iterations: int, repeat: int) -> list[tuple[int
         plain, logged = [], []
         for attempt in range(repeat):
             plain.append(time_exchanges(MPI.COMM_WORLD, row, iterations))
-            with hpckpt.Checkpointer(root / f"log-{length}-{attempt}", protocol="uncoordinated", backend="posix") as ckpt:
+            with hpckpt.Checkpointer(root / f"log-{length}-{attempt}", protocol="uncoordinated",
+                                     backend="posix") as ckpt:
                 logged.append(time_exchanges(ckpt.comm, row, iterations, ckpt))
         rows.append((length, statistics.median(plain), statistics.median(logged)))
     return rows
@@ -70,7 +71,8 @@ def blocking_per_save(root: Path, protocol: str, backend: str, mib: int, saves: 
     comm = MPI.COMM_WORLD
     _, state = rank_rows(comm, mib)
     seconds = []
-    with hpckpt.Checkpointer(root / f"{protocol}-{backend}", protocol=protocol, backend=backend, keep=2) as ckpt:
+    with hpckpt.Checkpointer(root / f"{protocol}-{backend}", protocol=protocol, backend=backend,
+                             keep=2) as ckpt:
         for step in range(1, saves + 1):
             # Stagger the uncoordinated saves as an application would (ranks compute in between).
             time.sleep(0.05 * comm.rank if protocol == "uncoordinated" else 0.0)
@@ -101,7 +103,8 @@ def main() -> None:
         for protocol in ("coordinated", "uncoordinated")
     }
     if comm.rank == 0:
-        print(f"bench_uncoordinated: {comm.size} ranks, {args.iterations} halo exchanges, median of {args.repeat}")
+        print(f"bench_uncoordinated: {comm.size} ranks, {args.iterations} halo exchanges, "
+              f"median of {args.repeat}")
         for length, plain, logged in overhead:
             print(
                 f"  row of {length * 8:>7} B: plain {plain * 1e6:8.1f} us, logged {logged * 1e6:8.1f} us "

@@ -56,7 +56,8 @@ def print_bandwidths(seconds: dict[str, list[float]], total_bytes: int, baseline
     base = statistics.median(seconds[baseline])
     for name, values in seconds.items():
         median = statistics.median(values)
-        print(f"  {name:14s} {median:7.3f} s  {total_bytes / median / 1e9:5.2f} GB/s  {base / median:5.2f} x {baseline}")
+        print(f"  {name:14s} {median:7.3f} s  {total_bytes / median / 1e9:5.2f} GB/s  "
+              f"{base / median:5.2f} x {baseline}")
 
 
 def fsync_tree(path: Path) -> None:
@@ -69,7 +70,9 @@ def fsync_tree(path: Path) -> None:
             os.close(descriptor)
 
 
-def write_raw(path: Path, block: np.ndarray, *, truncate: bool = True, aligned: np.ndarray | None = None) -> None:
+def write_raw(
+    path: Path, block: np.ndarray, *, truncate: bool = True, aligned: np.ndarray | None = None
+) -> None:
     """``block``'s bytes into ``path`` with one write at offset 0, then fsync. Not collective.
 
     ``truncate=False`` writes over an existing file in place (no blocks freed). With

@@ -39,7 +39,9 @@ def laplacian(u: np.ndarray, h2: float) -> np.ndarray:
     return out / h2
 
 
-def cg(f: np.ndarray, h2: float, x: np.ndarray, r: np.ndarray, p: np.ndarray, rho: float, stop_at: int | None):
+def cg(
+    f: np.ndarray, h2: float, x: np.ndarray, r: np.ndarray, p: np.ndarray, rho: float, stop_at: int | None
+):
     """CG iterations until the relative residual is below RTOL (or ``stop_at`` iterations)."""
     norm_f = np.linalg.norm(f)
     iterations = 0
@@ -77,18 +79,25 @@ def main() -> None:
     x_half = np.zeros((n, n))
     r_half, p_half, rho_half = start(f, h2, x_half)
     _, rho_half = cg(f, h2, x_half, r_half, p_half, rho_half, half)
-    print(f"study_lossy_cg: n={n}, uninterrupted CG needs {total} iterations to a relative residual of {RTOL:g}; "
-          f"checkpoint after {half}; |x| max {np.abs(x_half).max():.3g}, |r| max {np.abs(r_half).max():.3g}")
+    print(
+        f"study_lossy_cg: n={n}, uninterrupted CG needs {total} iterations to a relative residual "
+        f"of {RTOL:g}; checkpoint after {half}; |x| max {np.abs(x_half).max():.3g}, "
+        f"|r| max {np.abs(r_half).max():.3g}"
+    )
     print(f"  {'tolerance':>10}  {'stored/raw':>10}  {'resume: total':>14}  {'restart: total':>15}")
     for label, tolerance in [("lossless", None)] + [(t, float(t)) for t in args.tolerances.split(",")]:
         root = Path(args.dir) / str(label)
         shutil.rmtree(root, ignore_errors=True)
         options = {"lossy": {"cg/*": tolerance}} if tolerance else {}
-        saved = {"cg": {name: hpckpt.Local(a.copy()) for name, a in (("x", x_half), ("r", r_half), ("p", p_half))}}
+        halves = (("x", x_half), ("r", r_half), ("p", p_half))
+        saved = {"cg": {name: hpckpt.Local(a.copy()) for name, a in halves}}
         with hpckpt.Checkpointer(root, comm=MPI.COMM_SELF, backend="posix", backend_options=options) as ckpt:
             ckpt.save(half, {**saved, "rho": rho_half})
-            stored = sum(b.location.get("stored_bytes", b.size * r.itemsize)
-                         for r in ckpt.run_dir.manifest(half).leaves for b in r.blocks)  # fmt: skip
+            stored = sum(
+                b.size * r.itemsize if b.stored_bytes is None else b.stored_bytes
+                for r in ckpt.run_dir.manifest(half).leaves
+                for b in r.blocks
+            )
             back = {"cg": {name: hpckpt.Local(np.zeros((n, n))) for name in ("x", "r", "p")}, "rho": 0.0}
             ckpt.restore(back)
         xs, rs, ps = (back["cg"][name].array for name in ("x", "r", "p"))

@@ -40,7 +40,7 @@ def heat_overhead(ranks: int, n: int, iters: int, every: int, repeat: int) -> di
     return {
         "n": n, "iters": iters, "every": every, "checkpoints": counts,
         "plain_s": plain, "saving_s": saving, "overhead": (with_saves - base) / base,
-    }  # fmt: skip
+    }
 
 
 def plot(results: dict, out: Path) -> list[Path]:
@@ -52,7 +52,9 @@ def plot(results: dict, out: Path) -> list[Path]:
 
     written = []
 
-    def bars(name: str, title: str, labels: list[str], values: list[float], ylabel: str, notes: list[str]) -> None:
+    def bars(
+        name: str, title: str, labels: list[str], values: list[float], ylabel: str, notes: list[str]
+    ) -> None:
         figure, axes = plt.subplots(figsize=(max(6.0, 0.9 * len(labels)), 4.0))
         colours = ["tab:blue" if label.startswith("hpckpt") else "tab:gray" for label in labels]
         drawn = axes.bar(labels, values, color=colours)
@@ -68,15 +70,18 @@ def plot(results: dict, out: Path) -> list[Path]:
 
     size = f"{results['ranks']} ranks x {results['mib_per_rank']} MiB"
     cases = (("save_new", f"Durable save into new files, {size}"),
-             ("save_in_place", f"Durable save over earlier files, {size}"), ("restore", f"Cold restore, {size}"))
+             ("save_in_place", f"Durable save over earlier files, {size}"),
+             ("restore", f"Cold restore, {size}"))
     for case, title in cases:
         ways = results[case]["ways"]
-        bars(case, f"{title} (ratio to {results[case]['baseline']}, median of {results['repeat']})", list(ways),
-             [row["gb_per_s"] for row in ways.values()], "GB/s", [f"{row['ratio']:.2f}x" for row in ways.values()])
+        bars(case, f"{title} (ratio to {results[case]['baseline']}, median of {results['repeat']})",
+             list(ways), [row["gb_per_s"] for row in ways.values()], "GB/s",
+             [f"{row['ratio']:.2f}x" for row in ways.values()])
     small = results["small"]
     bars("small", f"{small['count']} arrays of {small['kib']} KiB per rank (ratio to raw; bytes beyond data)",
          list(small["ways"]), [row["gb_per_s"] for row in small["ways"].values()], "GB/s",
-         [f"{row['ratio']:.2f}x" + (f"\n+{small['overhead_share'][w]:.1%}" if w in small["overhead_share"] else "")
+         [f"{row['ratio']:.2f}x"
+          + (f"\n+{small['overhead_share'][w]:.1%}" if w in small["overhead_share"] else "")
           for w, row in small["ways"].items()])
     change = results["rank_change"]
     labels = [way for result in change.values() for way in result["ways"]]
@@ -94,9 +99,10 @@ def plot(results: dict, out: Path) -> list[Path]:
          [row["median_s"] for row in rows], "seconds", [f"{row['ratio']:.2f}x" for row in rows])
     heat = results["heat"]
     bars("heat", f"Heat solver {heat['n']}^2, {heat['iters']} iterations, a checkpoint every {heat['every']}",
-         ["no checkpoints", "checkpoints (posix)"], [statistics.median(heat["plain_s"]), statistics.median(heat["saving_s"])],
+         ["no checkpoints", "checkpoints (posix)"],
+         [statistics.median(heat["plain_s"]), statistics.median(heat["saving_s"])],
          "seconds", ["", f"+{heat['overhead']:.1%}"])
-    return written  # fmt: skip
+    return written
 
 
 def main() -> None:
@@ -106,11 +112,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="repetitions per case; medians (default 5)")
     parser.add_argument("--small-count", type=int, default=10_000)
     parser.add_argument("--small-kib", type=int, default=16)
-    parser.add_argument("--async-saves", type=int, default=8, help="non-blocking saves per backend (>= 4; steady from the 4th)")
-    parser.add_argument("--async-compute", type=float, default=2.0, help="seconds of work between async saves")
+    parser.add_argument("--async-saves", type=int, default=8,
+                        help="non-blocking saves per backend (>= 4; steady from the 4th)")
+    parser.add_argument("--async-compute", type=float, default=2.0,
+                        help="seconds of work between async saves")
     parser.add_argument("--heat-iters", type=int, default=20_000)
     parser.add_argument("--heat-every", type=int, default=2_000)
-    parser.add_argument("--dir", default=".bench-suite", help="scratch directory on the file system to measure")
+    parser.add_argument("--dir", default=".bench-suite",
+                        help="scratch directory on the file system to measure")
     parser.add_argument("--out", default="perf/results", help="where suite.json and the PNGs go")
     parser.add_argument("--mpiexec", default=os.environ.get("MPIEXEC", "mpiexec"))
     args = parser.parse_args()
@@ -118,22 +127,26 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     io_json = out / "suite-io.json"
-    command = [args.mpiexec, "-n", str(args.ranks), sys.executable, "-W", "ignore::UserWarning", str(HERE / "suite_io.py"),
+    command = [args.mpiexec, "-n", str(args.ranks), sys.executable, "-W", "ignore::UserWarning",
+               str(HERE / "suite_io.py"),
                "--mib", str(args.mib), "--repeat", str(args.repeat), "--small-count", str(args.small_count),
                "--small-kib", str(args.small_kib), "--async-saves", str(args.async_saves),
-               "--async-compute", str(args.async_compute), "--dir", args.dir, "--json", str(io_json)]  # fmt: skip
+               "--async-compute", str(args.async_compute), "--dir", args.dir, "--json", str(io_json)]
     print("suite: " + " ".join(command), flush=True)
     subprocess.run(command, check=True)
     results = json.loads(io_json.read_text())
     io_json.unlink()
-    print(f"suite: heat solver, {args.ranks} ranks, with and without checkpoints ({args.repeat} runs each)", flush=True)
+    print(f"suite: heat solver, {args.ranks} ranks, with and without checkpoints ({args.repeat} runs each)",
+          flush=True)
     results["heat"] = heat_overhead(args.ranks, 512, args.heat_iters, args.heat_every, args.repeat)
-    print(f"  overhead {results['heat']['overhead']:.2%} ({results['heat']['checkpoints'][0]} checkpoints per run)")
+    print(f"  overhead {results['heat']['overhead']:.2%} "
+          f"({results['heat']['checkpoints'][0]} checkpoints per run)")
     results["started"] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
     results["wall_s"] = time.time() - started
     (out / "suite.json").write_text(json.dumps(results, indent=1) + "\n")
     pictures = plot(results, out)
-    print(f"suite: wrote {out / 'suite.json'} and {', '.join(p.name for p in pictures)} in {results['wall_s']:.0f} s")
+    names = ", ".join(p.name for p in pictures)
+    print(f"suite: wrote {out / 'suite.json'} and {names} in {results['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

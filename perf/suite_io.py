@@ -77,7 +77,10 @@ def drop_cache(path: Path) -> None:
 
 
 def measure(
-    comm: MPI.Comm, ways: dict[str, Callable[[], object]], repeat: int, before: Callable[[str], None] | None = None
+    comm: MPI.Comm,
+    ways: dict[str, Callable[[], object]],
+    repeat: int,
+    before: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds of each way on the slowest rank, ``repeat`` rounds after ``WARM_UP`` untimed
     ones, interleaved; ``before(way)`` runs untimed before each, then a file-system sync
@@ -107,14 +110,16 @@ def summary(seconds: dict[str, list[float]], nbytes: int, baseline: str | tuple[
     rows = {}
     for name, values in seconds.items():
         median = statistics.median(values)
-        rows[name] = {"seconds": values, "median_s": median, "gb_per_s": nbytes / median / 1e9, "ratio": base / median}
+        rows[name] = {"seconds": values, "median_s": median, "gb_per_s": nbytes / median / 1e9,
+                      "ratio": base / median}
     return {"baseline": best, "baselines": list(candidates), "bytes": nbytes, "ways": rows}
 
 
 def show(title: str, result: dict) -> None:
     print(f"{title} (baseline {result['baseline']}, {result['bytes'] / 2**20:.0f} MiB):", flush=True)
     for name, row in result["ways"].items():
-        print(f"  {name:22s} {row['median_s']:8.3f} s  {row['gb_per_s']:6.2f} GB/s  {row['ratio']:5.2f} x", flush=True)
+        print(f"  {name:22s} {row['median_s']:8.3f} s  {row['gb_per_s']:6.2f} GB/s  {row['ratio']:5.2f} x",
+              flush=True)
 
 
 class TorchDCP:
@@ -176,8 +181,9 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
 
     rounds = WARM_UP + repeat
     growing = {name: hpckpt.Checkpointer(root / f"new-{name}", comm=comm, keep=rounds + 1, backend=name)
-               for name in BACKENDS}  # fmt: skip
-    checkpointers = {name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name) for name in BACKENDS}
+               for name in BACKENDS}
+    checkpointers = {name: hpckpt.Checkpointer(root / name, comm=comm, keep=1, backend=name)
+                     for name in BACKENDS}
     steps = iter(range(1, 10**6))
     new: dict[str, Callable[[], object]] = {
         "raw new": lambda: write_raw(raw_path, block),
@@ -187,7 +193,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
         "adios2": lambda: write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS),
     }
     outputs = {"raw new": raw_path, "raw direct new": raw_direct_path, "numpy.save": npy_path,
-               "h5py": root / "plain.h5", "adios2": root / "plain.bp"}  # fmt: skip
+               "h5py": root / "plain.h5", "adios2": root / "plain.bp"}
     dcp = torch_dcp(comm, block, root / "dcp")
     if dcp is not None:
         new["torch-dcp"], outputs["torch-dcp"] = dcp.save, root / "dcp"
@@ -208,16 +214,18 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
                 entry.unlink()
         comm.Barrier()  # measure() then syncs: the deletion's discards are not charged to the next way
 
-    results["save_new"] = summary(measure(comm, new, repeat, delete_output), total, ("raw new", "raw direct new"))
+    results["save_new"] = summary(measure(comm, new, repeat, delete_output), total,
+                                  ("raw new", "raw direct new"))
     in_place: dict[str, Callable[[], object]] = {
         "raw in place": lambda: write_raw(root / f"raw-in-place-{comm.rank}.bin", block, truncate=False),
-        "raw direct in place": lambda: write_raw(root / f"raw-direct-in-place-{comm.rank}.bin", block, truncate=False,
-                                                 aligned=aligned),
+        "raw direct in place": lambda: write_raw(root / f"raw-direct-in-place-{comm.rank}.bin", block,
+                                                 truncate=False, aligned=aligned),
         "memcpy": lambda: np.copyto(copy, block),
     }
     for name, checkpointer in checkpointers.items():
         in_place[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.save(next(steps), state)
-    results["save_in_place"] = summary(measure(comm, in_place, repeat), total, ("raw in place", "raw direct in place"))
+    results["save_in_place"] = summary(measure(comm, in_place, repeat), total,
+                                       ("raw in place", "raw direct in place"))
     if dcp is not None:
         torch_s = results["save_new"]["ways"]["torch-dcp"]["median_s"]
         for case in ("save_new", "save_in_place"):
@@ -253,14 +261,17 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS)
     if dcp is not None:
         dcp.save()
-    reads: dict[str, Callable[[], object]] = {"raw": raw_read, "h5py": plain_h5py_read, "adios2": plain_adios2_read}
+    reads: dict[str, Callable[[], object]] = {
+        "raw": raw_read, "h5py": plain_h5py_read, "adios2": plain_adios2_read
+    }
     sources = {"raw": raw_path, "h5py": root / "plain.h5", "adios2": root / "plain.bp"}
     if dcp is not None:
         reads["torch-dcp"], sources["torch-dcp"] = dcp.load, root / "dcp"
     for name, checkpointer in checkpointers.items():
         reads[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.restore(target_state)
         sources[f"hpckpt-{name}"] = root / name
-    results["restore"] = summary(measure(comm, reads, repeat, lambda way: drop_cache(sources[way])), total, "raw")
+    results["restore"] = summary(measure(comm, reads, repeat, lambda way: drop_cache(sources[way])), total,
+                                 "raw")
     if not np.array_equal(target, block):
         raise AssertionError("the last restore did not give back the saved array")
     for checkpointer in checkpointers.values():
@@ -279,7 +290,8 @@ def rank_change(comm: MPI.Comm, root: Path, block: np.ndarray, repeat: int) -> d
     whole = np.concatenate(parts) if comm.rank == 0 else None
     if comm.rank == 0:
         for name in BACKENDS:
-            with hpckpt.Checkpointer(root / f"{name}-one-rank", comm=alone, keep=1, backend=name) as checkpointer:
+            with hpckpt.Checkpointer(root / f"{name}-one-rank", comm=alone, keep=1,
+                                     backend=name) as checkpointer:
                 checkpointer.save(1, {"u": hpckpt.Distributed(whole, global_shape=shape, offset=(0, 0))})
     target = np.empty(shape) if comm.rank == 0 else None
     ways: dict[str, Callable[[], object]] = {}
@@ -290,7 +302,8 @@ def rank_change(comm: MPI.Comm, root: Path, block: np.ndarray, repeat: int) -> d
             def restore(directory: Path = directory, name: str = name) -> None:
                 if comm.rank == 0:
                     with hpckpt.Checkpointer(directory, comm=alone, backend=name) as checkpointer:
-                        checkpointer.restore({"u": hpckpt.Distributed(target, global_shape=shape, offset=(0, 0))})
+                        checkpointer.restore(
+                            {"u": hpckpt.Distributed(target, global_shape=shape, offset=(0, 0))})
 
             way = f"{name} from {writers} ranks"
             ways[way], directories[way] = restore, directory
@@ -299,7 +312,8 @@ def rank_change(comm: MPI.Comm, root: Path, block: np.ndarray, repeat: int) -> d
         raise AssertionError("the rank-change restore did not give back the saved array")
     nbytes = block.nbytes * comm.size
     return {
-        name: summary({way: s for way, s in seconds.items() if way.startswith(name + " ")}, nbytes, f"{name} from 1 ranks")
+        name: summary({way: s for way, s in seconds.items() if way.startswith(name + " ")}, nbytes,
+                      f"{name} from 1 ranks")
         for name in BACKENDS
     }
 
@@ -323,7 +337,8 @@ def small_arrays(comm: MPI.Comm, root: Path, count: int, kib: int, repeat: int) 
             os.close(fd)
 
     checkpointers = {
-        name: hpckpt.Checkpointer(root / f"small-{name}", comm=comm, keep=1, backend=name) for name in BACKENDS
+        name: hpckpt.Checkpointer(root / f"small-{name}", comm=comm, keep=1, backend=name)
+        for name in BACKENDS
     }
     steps = iter(range(1, 10**6))
     ways: dict[str, Callable[[], object]] = {"raw": raw}
@@ -357,7 +372,8 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
         return time.perf_counter() - start
 
     units = 200
-    for _ in range(2):  # about ``compute`` seconds of work; a second pass corrects a probe slowed by a warm-up
+    # about ``compute`` seconds of work; a second pass corrects a probe slowed by a warm-up
+    for _ in range(2):
         units = comm.bcast(max(1, int(units * compute / run(units))))
     alone = [max(comm.allgather(run(units))) for _ in range(3)]
     result = {"memcpy_s": memcpy_seconds(comm, block), "compute_s": statistics.median(alone), "backends": {}}
@@ -378,13 +394,14 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
         slowed = max(comm.allgather(statistics.median(computed[WARM_UP:])))
         new_files = max(comm.allgather(max(computed[:WARM_UP])))
         result["backends"][name] = {
-            "first_s": max(comm.allgather(blocked[0])), "steady_s": steady, "ratio": steady / result["memcpy_s"],
+            "first_s": max(comm.allgather(blocked[0])), "steady_s": steady,
+            "ratio": steady / result["memcpy_s"],
             "compute_s": slowed, "compute_slowdown": slowed / result["compute_s"] - 1.0,
             "compute_slowdown_new_files": new_files / result["compute_s"] - 1.0,
             "blocked_new_files_s": max(comm.allgather(max(blocked[1 : WARM_UP + 1]))),
             "blocked_s": [max(values) for values in zip(*comm.allgather(blocked))],
             "computed_s": [max(values) for values in zip(*comm.allgather(computed))],
-        }  # fmt: skip
+        }
     return result
 
 
@@ -402,7 +419,8 @@ def replicated(comm: MPI.Comm, root: Path, mib: int) -> dict:
     table = np.random.default_rng(7).standard_normal(mib * 2**20 // 8).reshape(-1, 1024)
     result: dict = {"bytes": table.nbytes, "backends": {}}
     for name in BACKENDS:
-        with hpckpt.Checkpointer(root / f"replicated-{name}", comm=comm, backend=name, keep=1) as checkpointer:
+        with hpckpt.Checkpointer(root / f"replicated-{name}", comm=comm, backend=name,
+                                 keep=1) as checkpointer:
             checkpointer.save(1, {"table": hpckpt.Replicated(table)})
             written = comm.allgather(checkpointer.last_save.written_bytes)
             comm.Barrier()
@@ -436,7 +454,8 @@ def incremental(comm: MPI.Comm, root: Path, mib: int, repeat: int) -> dict:
             checkpointer.save(next(steps), state, base=base)
             written[way] = checkpointer.last_save.written_bytes
 
-        ways = {"full": lambda: save(full, None, "full"), "delta over the base": lambda: save(delta, 0, "delta over the base")}
+        ways = {"full": lambda: save(full, None, "full"),
+                "delta over the base": lambda: save(delta, 0, "delta over the base")}
         result[name] = summary(measure(comm, ways, repeat), (frozen.nbytes + head.nbytes) * comm.size, "full")
         result[name]["written_bytes_per_rank"] = written
         full.close()
@@ -450,14 +469,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="repetitions per case (medians; default 5)")
     parser.add_argument("--small-count", type=int, default=10_000)
     parser.add_argument("--small-kib", type=int, default=16, help="KiB per small array (default 16)")
-    parser.add_argument("--async-saves", type=int, default=8, help="non-blocking saves per backend (>= 4; steady from the 4th)")
-    parser.add_argument("--async-compute", type=float, default=2.0, help="seconds of work between async saves")
-    parser.add_argument("--dir", default=".bench-suite", help="scratch directory on the file system to measure")
+    parser.add_argument("--async-saves", type=int, default=8,
+                        help="non-blocking saves per backend (>= 4; steady from the 4th)")
+    parser.add_argument("--async-compute", type=float, default=2.0,
+                        help="seconds of work between async saves")
+    parser.add_argument("--dir", default=".bench-suite",
+                        help="scratch directory on the file system to measure")
     parser.add_argument("--json", required=True, help="where rank 0 writes the results")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     root = fresh_directory(comm, args.dir)
-    results: dict = {"ranks": comm.size, "mib_per_rank": args.mib, "repeat": args.repeat, "directory": str(root)}
+    results: dict = {"ranks": comm.size, "mib_per_rank": args.mib, "repeat": args.repeat,
+                     "directory": str(root)}
     started = time.perf_counter()
     results["phases_of_last_save"] = save_and_restore(comm, root, args.mib, args.repeat, results)
     if comm.rank == 0:
@@ -469,18 +492,23 @@ def main() -> None:
     results["small"] = small_arrays(comm, root, args.small_count, args.small_kib, args.repeat)
     if comm.rank == 0:
         show(f"{args.small_count} arrays of {args.small_kib} KiB per rank", results["small"])
-        print("  bytes beyond the data: " + ", ".join(f"{k} {v:.2%}" for k, v in results["small"]["overhead_share"].items()))
+        print("  bytes beyond the data: "
+              + ", ".join(f"{k} {v:.2%}" for k, v in results["small"]["overhead_share"].items()))
     results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute)
     if comm.rank == 0:
-        print(f"async: memcpy {results['async']['memcpy_s']:.3f} s, compute {results['async']['compute_s']:.3f} s; "
-              + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x), compute +{v['compute_slowdown']:.1%} "
-                          f"(new files: blocks {v['blocked_new_files_s']:.3f} s, compute +{v['compute_slowdown_new_files']:.1%})"
+        print(f"async: memcpy {results['async']['memcpy_s']:.3f} s, "
+              f"compute {results['async']['compute_s']:.3f} s; "
+              + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x), "
+                          f"compute +{v['compute_slowdown']:.1%} "
+                          f"(new files: blocks {v['blocked_new_files_s']:.3f} s, "
+                          f"compute +{v['compute_slowdown_new_files']:.1%})"
                           for k, v in results["async"]["backends"].items()))
     results["replicated"] = replicated(comm, root, args.mib // 2)
     if comm.rank == 0:
         print(f"replicated array of {results['replicated']['bytes'] / 2**20:.0f} MiB: " + ", ".join(
-            f"{k} written per rank {[f'{w / 2**20:.0f} MiB' for w in v['written_per_rank']]}, read from storage "
-            f"{v['read_share']:.2f} x its size" for k, v in results["replicated"]["backends"].items()))
+            f"{k} written per rank {[f'{w / 2**20:.0f} MiB' for w in v['written_per_rank']]}, "
+            f"read from storage {v['read_share']:.2f} x its size"
+            for k, v in results["replicated"]["backends"].items()))
     results["incremental"] = incremental(comm, root, args.mib, args.repeat)
     if comm.rank == 0:
         for name, result in results["incremental"].items():

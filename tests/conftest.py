@@ -15,7 +15,11 @@ MAY_SKIP_REASONS = ("CuPy is installed",)  # a real GPU machine: tests/gpu cover
 
 
 def _required(nodeid: str, reason: str) -> bool:
-    return REQUIRE_ALL and not nodeid.startswith(MAY_SKIP) and not any(text in reason for text in MAY_SKIP_REASONS)
+    return (
+        REQUIRE_ALL
+        and not nodeid.startswith(MAY_SKIP)
+        and not any(text in reason for text in MAY_SKIP_REASONS)
+    )
 
 
 def _reason(report: pytest.BaseReport) -> str:
@@ -27,7 +31,9 @@ def _fail_if_required(report: pytest.BaseReport, nodeid: str) -> None:
     """Turn ``report``, a skip of something CI must run, into a failure saying why."""
     if report.skipped and not hasattr(report, "wasxfail") and _required(nodeid, _reason(report)):
         report.outcome = "failed"
-        report.longrepr = f"a part this suite must exercise is unavailable (HPCKPT_REQUIRE_ALL=1): {_reason(report)}"
+        report.longrepr = (
+            f"a part this suite must exercise is unavailable (HPCKPT_REQUIRE_ALL=1): {_reason(report)}"
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)

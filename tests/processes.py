@@ -15,14 +15,24 @@ from collections.abc import Iterator, Mapping, Sequence
 
 @contextlib.contextmanager
 def started_group(
-    command: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None, stdin: int | None = None
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    stdin: int | None = None,
 ) -> Iterator[subprocess.Popen]:
     """Start ``command`` in a new session (stdout and stderr piped, as text); on leaving
     the block, SIGKILL its whole process group (whatever of it is left) and reap it."""
     process = subprocess.Popen(
-        list(command), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+        list(command),
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         yield process
     finally:

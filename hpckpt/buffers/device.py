@@ -55,7 +55,8 @@ def _cupy(path: str) -> Any:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:
-        raise InvalidStateError(f"leaf {path!r} is a device array but CUDA is not usable here: {exc}") from exc
+        raise InvalidStateError(
+            f"leaf {path!r} is a device array but CUDA is not usable here: {exc}") from exc
     if count < 1:
         raise InvalidStateError(f"leaf {path!r} is a device array but this process sees no GPU")
     return cupy
@@ -139,7 +140,7 @@ class DeviceStager:
         self._pinned.clear()
 
     def _stream_after_application(self, cupy: Any, device: Any) -> Any:
-        """This GPU's copy stream, made to wait for the work queued on the current stream."""
+        """The copy stream of this GPU, made to wait for the work queued on the current stream."""
         device_id = int(device.device.id)
         with cupy.cuda.Device(device_id):
             stream = self._streams.get(device_id)
@@ -157,7 +158,8 @@ class DeviceStager:
         stream = self._stream_after_application(cupy, device)
         with stream:  # a non-contiguous array is first packed on the copy stream
             device = cupy.ascontiguousarray(device)
-        host = out if out is not None else self.pinned_buffer(path, tuple(device.shape), np.dtype(device.dtype))
+        host = (out if out is not None
+                else self.pinned_buffer(path, tuple(device.shape), np.dtype(device.dtype)))
         source, target = device.reshape(-1).view(cupy.uint8), host.reshape(-1).view(np.uint8)
         chunks = []
         for start in range(0, target.size, CHUNK_BYTES):

@@ -58,7 +58,8 @@ class AlignedPool:
         the smallest free one that fits, else a new one of exactly ``nbytes``.
         """
         with self._lock:
-            fitting = [index for index, buffer in enumerate(self._free) if nbytes <= len(buffer) <= 2 * nbytes]
+            fitting = [index for index, buffer in enumerate(self._free)
+                       if nbytes <= len(buffer) <= 2 * nbytes]
             if fitting:
                 return self._free.pop(min(fitting, key=lambda index: len(self._free[index])))
         return aligned_empty((nbytes,), np.uint8)
@@ -106,7 +107,8 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
     try:
         host = _numpy_view(array)
     except Exception as exc:
-        raise InvalidStateError(f"leaf {path!r}: cannot view {type(array).__name__} as a host array: {exc}") from exc
+        raise InvalidStateError(
+            f"leaf {path!r}: cannot view {type(array).__name__} as a host array: {exc}") from exc
     if host.dtype.kind not in STORABLE_KINDS:
         raise InvalidStateError(
             f"leaf {path!r}: dtype {host.dtype} cannot be stored; expected bool, integer, float or complex"

@@ -109,6 +109,7 @@ def _print_step(manifest: Any) -> None:
 
 def _print_leaves(leaves: list[dict[str, Any]], step: int) -> None:
     """Each leaf of ``step`` with its blocks, a line per rank's block."""
+    from ..model.kinds import LeafKind
     from ..storage.codec import LOSSY_CODEC
 
     for leaf in leaves:
@@ -120,7 +121,8 @@ def _print_leaves(leaves: list[dict[str, Any]], step: int) -> None:
         else:
             print(f"  {leaf['path']}: {leaf['kind']} {leaf['dtype']} {shape}")
         for block in leaf["blocks"]:
-            where = _box(block["offset"], block["shape"]) if leaf["kind"] == "distributed" else tuple(block["shape"])
+            distributed = leaf["kind"] == LeafKind.DISTRIBUTED
+            where = _box(block["offset"], block["shape"]) if distributed else tuple(block["shape"])
             home = f" (in step {block['in_step']})" if block["in_step"] != step else ""
             lossy = ", lossy" if block["codec"] == LOSSY_CODEC else ""
             codec = f" [{block['codec']}{lossy}]" if block["codec"] else ""

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from ..storage.base import Backend
     from ..storage.commit import RunDirectory
 
-__all__ = ["CoordinatedEngine", "Engine", "MultiLevelEngine", "SaveHandle", "SaveStats", "UncoordinatedEngine",
-           "open_engine"]  # fmt: skip
+__all__ = ["CoordinatedEngine", "Engine", "MultiLevelEngine", "SaveHandle", "SaveStats",
+           "UncoordinatedEngine", "open_engine"]
 
 
 def open_engine(comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> Engine:

@@ -66,7 +66,9 @@ class Engine:
         """The communicator the application uses between checkpoints."""
         return self.control
 
-    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+    def save(
+        self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None
+    ) -> SaveHandle | None:
         """Save and commit ``state`` as ``step`` (see :meth:`hpckpt.Checkpointer.save`)."""
         raise NotImplementedError
 
@@ -85,13 +87,15 @@ class Engine:
         then the unpickling, each agreed on every rank.
         """
         self.settle(wait=True)
-        pickled = run_phase(self.control, "restore: pickled leaves", lambda: pickled_leaves(state, allow_pickle))
+        pickled = run_phase(self.control, "restore: pickled leaves",
+                            lambda: pickled_leaves(state, allow_pickle))
         restored = self._restore_arrays(state, choice)
         if restored is not None and pickled:
             if self.control.rank == 0:
                 names = ", ".join(repr(path) for path, _ in pickled)
-                warnings.warn(f"unpickling {names} of step {restored.step} (allow_pickle=True): this runs code named "
-                              "in the checkpoint; use it only for checkpoints you trust", PickleWarning, stacklevel=3)
+                warnings.warn(f"unpickling {names} of step {restored.step} (allow_pickle=True): "
+                              "this runs code named in the checkpoint; "
+                              "use it only for checkpoints you trust", PickleWarning, stacklevel=3)
 
             def unpickle() -> None:
                 for _, leaf in pickled:
@@ -117,7 +121,9 @@ class Engine:
         """
 
     def rolling_back(self) -> None:
-        """This rank is about to restore after an in-job repair (see :meth:`hpckpt.Checkpointer.recover`)."""
+        """Prepare this rank to restore after an in-job repair (see
+        :meth:`hpckpt.Checkpointer.recover`); nothing here.
+        """
 
     def communicators(self) -> list[MPI.Comm]:
         """The engine's own communicators besides ``control``, which a repair revokes and frees."""
@@ -139,8 +145,8 @@ def pickled_leaves(state: Any, allow_pickle: bool) -> list[tuple[str, Pickled]]:
     found = [(slot.path, slot.value) for slot in flatten(state) if isinstance(slot.value, Pickled)]
     if found and not allow_pickle:
         raise UnsafeLoadError(
-            f"the state holds hpckpt.Pickled leaves ({', '.join(repr(path) for path, _ in found)}); restoring them "
-            "unpickles data from the checkpoint, which can run any code. Pass allow_pickle=True to "
-            "Checkpointer.restore only for checkpoints you trust"
+            f"the state holds hpckpt.Pickled leaves ({', '.join(repr(path) for path, _ in found)}); "
+            "restoring them unpickles data from the checkpoint, which can run any code. "
+            "Pass allow_pickle=True to Checkpointer.restore only for checkpoints you trust"
         )
     return found

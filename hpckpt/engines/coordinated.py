@@ -30,9 +30,13 @@ class CoordinatedEngine(Engine):
 
     def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
         super().__init__(control, run_dir, backend, options)
-        self.layouts = LayoutMemory()  # a later save of the same layout reuses it (protocols/save/agreement.py)
+        # a later save of the same layout reuses it (protocols/save/agreement.py)
+        self.layouts = LayoutMemory()
 
-    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+    def save(
+        self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None
+    ) -> SaveHandle | None:
+        """Save and commit ``state`` as ``step``, blocking or in the background. Collective."""
         if not blocking:
             return self._save_in_background(step, state, metric, base)
         self.settle(wait=True)
@@ -49,12 +53,16 @@ class CoordinatedEngine(Engine):
         request = SaveRequest(step, metric, incremental=self.options.storage.incremental, base=base)
         return saver.save(comm, request, state)
 
-    def _save_in_background(self, step: int, state: Any, metric: float | None, base: int | None = None) -> SaveHandle:
+    def _save_in_background(
+        self, step: int, state: Any, metric: float | None, base: int | None = None
+    ) -> SaveHandle:
         if self.options.recovery is not None:
-            raise ValueError("blocking=False is not available with recovery='ulfm' (a background save cannot be repaired)")
+            raise ValueError("blocking=False is not available with recovery='ulfm' "
+                             "(a background save cannot be repaired)")
         if self._background is None:
             self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.stats)
-        handle = self._background.submit(step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base))
+        handle = self._background.submit(
+            step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base))
         if self.options.schedule is not None:
             self.options.schedule.saved(self.stats.snapshot_seconds)
         return handle
@@ -72,6 +80,7 @@ class CoordinatedEngine(Engine):
         return 0 if self._background is None else self._background.saver.buffer_bytes()
 
     def steps(self) -> list[int]:
+        """The committed steps, oldest first, once finished non-blocking saves are reported. Collective."""
         self.settle()
         return list_committed_steps(self.control, self.run_dir)
 
@@ -79,6 +88,9 @@ class CoordinatedEngine(Engine):
         return restore_newest(self.control, self.run_dir, self.backend, state, choice)
 
     def close(self, *, drain: bool) -> None:
+        """Stop the non-blocking saves; ``drain`` first finishes them (collective), then
+        raises the first error.
+        """
         background, self._background = self._background, None
         failure = background.drain() if background is not None and drain else None
         if failure is not None:

@@ -36,18 +36,23 @@ class MultiLevelEngine(CoordinatedEngine):
         levels = options.node_local
         assert levels is not None  # chosen by open_engine for these options only
         self._levels = levels
-        self._root = default_local_root(run_dir.root) if levels.directory == "default" else Path(levels.directory)
+        self._root = (default_local_root(run_dir.root) if levels.directory == "default"
+                      else Path(levels.directory))
         self._local = self._open_store()
         self._local_saves = 0
 
     def _open_store(self) -> NodeLocalStore:
         levels = self._levels
-        return NodeLocalStore(self.control, self._root, levels.redundancy, levels.group_size, self.options.retention.keep)
+        return NodeLocalStore(self.control, self._root, levels.redundancy, levels.group_size,
+                              self.options.retention.keep)
 
-    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+    def save(
+        self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None
+    ) -> SaveHandle | None:
         """Save to the node-local level (always blocking); flush when due (``blocking`` aside)."""
         if base is not None:
-            raise ValueError("save(base=...) works with the coordinated protocol without a node-local level only")
+            raise ValueError("save(base=...) works with the coordinated protocol "
+                             "without a node-local level only")
         self.settle(wait=True)
         started = time.perf_counter()
         self.stats.record(self._local.save(step, state, metric))
@@ -76,20 +81,23 @@ class MultiLevelEngine(CoordinatedEngine):
                 return from_local
             except CollectiveError as exc:
                 warnings.warn(f"node-local step {local} could not be restored ({exc}); using the file system",
-                              CheckpointFallbackWarning, stacklevel=4)  # fmt: skip
+                              CheckpointFallbackWarning, stacklevel=4)
         restored = restore_newest(self.control, self.run_dir, self.backend, state, choice)
         self.stats.restored_level = None if restored is None else "file system"
         self._local.discard_after(None if restored is None else restored.step)  # newer local steps are stale
         return restored
 
     def communicators(self) -> list[MPI.Comm]:
+        """The node-local store's XOR group communicator, if any, which a repair revokes and frees."""
         return [] if self._local.group is None else [self._local.group]
 
     def reattach(self, control: MPI.Comm) -> None:
+        """Go on over the repaired communicator ``control``, the node-local store reopened. Collective."""
         super().reattach(control)
         self._local = self._open_store()
 
     def close(self, *, drain: bool) -> None:
+        """Close as the coordinated engine does; with ``drain``, then close the node-local store too."""
         try:
             super().close(drain=drain)
         finally:

@@ -45,7 +45,7 @@ class UncoordinatedEngine(Engine):
     def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
         super().__init__(control, run_dir, backend, options)
         self._rank = UncoordinatedRank(control, run_dir.root, backend, options.retention.keep,
-                                       durable_determinants=options.durable_determinants)  # fmt: skip
+                                       durable_determinants=options.durable_determinants)
 
     @property
     def comm(self) -> LoggedComm:
@@ -54,19 +54,22 @@ class UncoordinatedEngine(Engine):
         """
         return self._rank.comm
 
-    def save(self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None) -> SaveHandle | None:
+    def save(
+        self, step: int, state: Any, *, blocking: bool, metric: float | None, base: int | None
+    ) -> SaveHandle | None:
         """Save and commit this rank's checkpoint ``step``. Not collective."""
         if not blocking:
             raise ValueError("blocking=False is available with the coordinated protocol only")
         if base is not None:
-            raise ValueError("save(base=...) works with the coordinated protocol without a node-local level only")
+            raise ValueError("save(base=...) works with the coordinated protocol "
+                             "without a node-local level only")
         started = time.perf_counter()
         self.stats.record(self._rank.save(step, state))
         self._saved(started)
         return None
 
     def steps(self) -> list[int]:
-        """This rank's committed steps. Not collective."""
+        """The committed steps of this rank. Not collective."""
         return self._rank.steps()
 
     def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
@@ -77,7 +80,8 @@ class UncoordinatedEngine(Engine):
 
     def _unpickle(self, step: int, unpickle: Callable[[], None]) -> None:
         if self.options.recovery is not None:
-            unpickle()  # not a phase: survivors of an in-job repair do not restore (see continue_after_repair)
+            # not a phase: survivors of an in-job repair do not restore (see continue_after_repair)
+            unpickle()
         else:
             super()._unpickle(step, unpickle)
 
@@ -102,12 +106,16 @@ class UncoordinatedEngine(Engine):
         self._rank.continue_after_repair(self.control)
 
     def rolling_back(self) -> None:
-        self._rank.comm.determinants.close()  # this rank goes back to its own checkpoint; the others may go on
+        """Close the determinant log before this rank restores after an in-job repair. Not collective."""
+        # this rank goes back to its own checkpoint; the others may go on
+        self._rank.comm.determinants.close()
 
     def communicators(self) -> list[MPI.Comm]:
+        """The logged communicator's own communicators, which a repair revokes and frees. Any rank."""
         return self._rank.comm.communicators()
 
     def reattach(self, control: MPI.Comm) -> None:
+        """Go on over the repaired communicator ``control``, the logged one reconnected to it. Collective."""
         super().reattach(control)
         self._rank.comm.reconnect(control)  # as a replacement's UncoordinatedRank does
 

@@ -30,29 +30,45 @@ from .options import add_level_options, level_options
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The solver's command line."""
-    parser = argparse.ArgumentParser(prog="python -m hpckpt.examples.heat", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hpckpt.examples.heat", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--n", type=int, default=256, help="grid size N (N x N points, default 256)")
     parser.add_argument("--iters", type=int, default=500, help="Jacobi iterations (default 500)")
-    parser.add_argument("--every", type=int, default=50, help="checkpoint every E iterations; 0: never (default 50)")
+    parser.add_argument(
+        "--every", type=int, default=50, help="checkpoint every E iterations; 0: never (default 50)"
+    )
     parser.add_argument("--dir", default="heat-ckpt", help="checkpoint run directory (default ./heat-ckpt)")
     parser.add_argument("--keep", type=int, default=3, help="committed checkpoints to keep (default 3)")
     parser.add_argument("--backend", choices=backend_names(), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     parser.add_argument("--out", help="rank 0 writes the final global field here (.npy)")
     parser.add_argument(
-        "--mtbf", type=float, help="checkpoint at Daly's interval for this mean time between failures (s), not --every"
+        "--mtbf",
+        type=float,
+        help="checkpoint at Daly's interval for this mean time between failures (s), not --every",
     )
     add_level_options(parser)
     parser.add_argument(
-        "--async", dest="background", action="store_true", help="save without blocking (write and commit in a thread)"
+        "--async",
+        dest="background",
+        action="store_true",
+        help="save without blocking (write and commit in a thread)",
     )
     parser.add_argument(
-        "--stop-at-iter", type=int, help="save a checkpoint at this iteration and exit (to resume, maybe on other ranks)"
+        "--stop-at-iter",
+        type=int,
+        help="save a checkpoint at this iteration and exit (to resume, maybe on other ranks)",
     )
     parser.add_argument(
-        "--pace", type=float, default=0.0, help="sleep this many seconds per iteration (a small grid that runs long)"
+        "--pace",
+        type=float,
+        default=0.0,
+        help="sleep this many seconds per iteration (a small grid that runs long)",
     )
-    parser.add_argument("--crash-at-iter", type=int, help="rank --crash-rank SIGKILLs itself at this iteration")
+    parser.add_argument(
+        "--crash-at-iter", type=int, help="rank --crash-rank SIGKILLs itself at this iteration"
+    )
     parser.add_argument("--crash-rank", type=int, default=0, help="the rank that crashes (default 0)")
     parser.add_argument(
         "--recovery",
@@ -94,7 +110,9 @@ def jacobi_sweep(u: np.ndarray, first_row: int, n: int) -> None:
     lo = max(first_row, 1) - first_row + 1
     hi = min(first_row + u.shape[0] - 2, n - 1) - first_row + 1
     if lo < hi:
-        u[lo:hi, 1:-1] = 0.25 * (u[lo - 1 : hi - 1, 1:-1] + u[lo + 1 : hi + 1, 1:-1] + u[lo:hi, :-2] + u[lo:hi, 2:])
+        u[lo:hi, 1:-1] = 0.25 * (
+            u[lo - 1 : hi - 1, 1:-1] + u[lo + 1 : hi + 1, 1:-1] + u[lo:hi, :-2] + u[lo:hi, 2:]
+        )
 
 
 def exchange_halos(comm, u: np.ndarray) -> None:
@@ -122,12 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with hpckpt.Checkpointer(
         args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, schedule=schedule,
         recovery="ulfm" if ulfm else None, **levels,
-    ) as checkpointer:  # fmt: skip
+    ) as checkpointer:
         replacement = checkpointer.last_recovery is not None
         if ulfm:  # a replacement process's COMM_WORLD holds only itself
             comm = job_comm(checkpointer, uncoordinated)
         if comm.size > args.n:
-            raise SystemExit(f"heat: --n {args.n} is smaller than the {comm.size} ranks; every rank needs a row")
+            raise SystemExit(
+                f"heat: --n {args.n} is smaller than the {comm.size} ranks; every rank needs a row"
+            )
         # Stop signals and the wall-time limit are agreed on every iteration: coordinated
         # only, where all ranks run the same iterations (uncoordinated ranks restart apart).
         job = None if uncoordinated or ulfm else JobControl(comm)
@@ -164,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     u[:] = 0.0
                     set_boundaries(u, first_row, args.n)
                     state["iteration"] = 0
-                level = f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""
+                level = (
+                    f" from the {checkpointer.restored_level} level" if checkpointer.restored_level else ""
+                )
                 report_recovery(
                     comm,
                     checkpointer.last_recovery,
@@ -176,10 +198,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         checkpointer.wait()
         saves, save_seconds = checkpointer.saves, checkpointer.save_seconds
         if schedule is not None and comm.rank == 0:
-            print(f"heat: Daly interval {schedule.interval_seconds:.3f} s for MTBF {args.mtbf:g} s", flush=True)
+            print(
+                f"heat: Daly interval {schedule.interval_seconds:.3f} s for MTBF {args.mtbf:g} s", flush=True
+            )
         log_peak = checkpointer.comm.log_peak_bytes if uncoordinated else 0
         if ulfm:  # the job's communicator is the checkpointer's, so report before closing it
-            report(job_comm(checkpointer, uncoordinated), args, u, resumed, saves, save_seconds, started, log_peak)
+            report(
+                job_comm(checkpointer, uncoordinated),
+                args,
+                u,
+                resumed,
+                saves,
+                save_seconds,
+                started,
+                log_peak,
+            )
             return 0
     report(comm, args, u, resumed, saves, save_seconds, started, log_peak)
     return 0
@@ -197,20 +230,24 @@ def report_recovery(comm, repair, what: str, seconds: float | None = None) -> No
     if comm.rank == min(set(range(comm.size)) - set(repair.failed)):
         took = repair.seconds if seconds is None else seconds
         print(
-            f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} in {took:.3f} s "
-            f"(repair {repair.seconds:.3f} s); {what}",
+            f"heat: recovered from the failure of rank(s) {','.join(map(str, repair.failed))} "
+            f"in {took:.3f} s (repair {repair.seconds:.3f} s); {what}",
             flush=True,
         )
 
 
-def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phase: int, job, schedule) -> int | None:
+def iterate(
+    args, checkpointer, state: dict, u: np.ndarray, first_row: int, phase: int, job, schedule
+) -> int | None:
     """Run the iterations from ``state["iteration"]``; the exit status when told to stop early, else None."""
     halo_comm = checkpointer.comm  # logged in the uncoordinated protocol
     seen = len(checkpointer.recoveries)
     for iteration in range(int(state["iteration"]), args.iters):
         if len(checkpointer.recoveries) > seen:  # uncoordinated ULFM: repaired inside ckpt.comm, went on
             seen = len(checkpointer.recoveries)
-            report_recovery(halo_comm, checkpointer.last_recovery, f"the survivors went on at iteration {iteration}")
+            report_recovery(
+                halo_comm, checkpointer.last_recovery, f"the survivors went on at iteration {iteration}"
+            )
         if iteration == args.crash_at_iter and halo_comm.rank == args.crash_rank and first_attempt():
             crash(f"heat.iteration.{iteration}")
         exchange_halos(halo_comm, u)
@@ -232,12 +269,17 @@ def iterate(args, checkpointer, state: dict, u: np.ndarray, first_row: int, phas
             checkpointer.save(done, state, blocking=not args.background)
         if stop_reason:
             if halo_comm.rank == 0:
-                print(f"heat: stopped at iteration {done} on {halo_comm.size} ranks (checkpoint step {done}): {stop_reason}")
+                print(
+                    f"heat: stopped at iteration {done} on {halo_comm.size} ranks "
+                    f"(checkpoint step {done}): {stop_reason}"
+                )
             return 0 if done == args.stop_at_iter else STOPPED_EXIT_CODE
     return None
 
 
-def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, started: float, log_peak: int) -> None:
+def report(
+    comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, started: float, log_peak: int
+) -> None:
     """Gather the field; rank 0 writes ``--out`` and prints the summary and the ``done`` line."""
     uncoordinated = args.protocol == "uncoordinated"
     field = gather_field(comm, u[1:-1], args.n)
@@ -255,7 +297,10 @@ def report(comm, args, u: np.ndarray, resumed, saves: int, save_seconds: float, 
         )
         digest = hashlib.sha256(field.tobytes()).hexdigest()
         if uncoordinated:
-            print(f"heat: message log peak {max(log_peaks)} bytes (largest rank, at its checkpoints)", flush=True)
+            print(
+                f"heat: message log peak {max(log_peaks)} bytes (largest rank, at its checkpoints)",
+                flush=True,
+            )
         if args.recovery == "ulfm":
             print(f"heat: finished pids={','.join(map(str, pids))}", flush=True)
         resumed_from = ",".join(resumed_all) if uncoordinated else resumed_all[0]

@@ -9,8 +9,12 @@ from typing import Any
 def add_level_options(parser: argparse.ArgumentParser) -> None:
     """``--local``, ``--redundancy`` and ``--flush-every``: multi-level checkpoints."""
     parser.add_argument("--local", help="node-local checkpoint directory ('default': under /dev/shm)")
-    parser.add_argument("--redundancy", choices=("none", "partner", "xor"), help="copies of node-local checkpoints")
-    parser.add_argument("--flush-every", type=int, default=1, help="with --local: flush every K-th save to --dir (0: never)")
+    parser.add_argument(
+        "--redundancy", choices=("none", "partner", "xor"), help="copies of node-local checkpoints"
+    )
+    parser.add_argument(
+        "--flush-every", type=int, default=1, help="with --local: flush every K-th save to --dir (0: never)"
+    )
 
 
 def level_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -40,16 +40,24 @@ BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The example's command line."""
-    parser = argparse.ArgumentParser(prog="python -m hpckpt.examples.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hpckpt.examples.train", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
-    parser.add_argument("--every", type=int, default=20, help="checkpoint every E steps; 0: never (default 20)")
+    parser.add_argument(
+        "--every", type=int, default=20, help="checkpoint every E steps; 0: never (default 20)"
+    )
     parser.add_argument("--dir", default="train-ckpt", help="checkpoint run directory (default ./train-ckpt)")
     parser.add_argument("--keep", type=int, default=3)
     parser.add_argument("--backend", choices=backend_names(), default="hdf5")
     parser.add_argument("--protocol", choices=("coordinated", "uncoordinated"), default="coordinated")
     add_level_options(parser)
-    parser.add_argument("--shard", action="store_true", help="parameters and optimizer state as Distributed slices")
-    parser.add_argument("--batch", type=int, default=32, help="examples per rank per step (global batch with --shard)")
+    parser.add_argument(
+        "--shard", action="store_true", help="parameters and optimizer state as Distributed slices"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=32, help="examples per rank per step (global batch with --shard)"
+    )
     parser.add_argument("--hidden", type=int, default=32, help="hidden units (default 32)")
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate (default 0.01)")
     parser.add_argument("--out", help="rank 0 writes the final parameters here (.npz)")
@@ -94,7 +102,9 @@ def unflatten(flat: np.ndarray, hidden: int) -> dict[str, np.ndarray]:
     return views
 
 
-def loss_and_gradient(flat: np.ndarray, hidden: int, inputs: np.ndarray, targets: np.ndarray) -> tuple[float, np.ndarray]:
+def loss_and_gradient(
+    flat: np.ndarray, hidden: int, inputs: np.ndarray, targets: np.ndarray
+) -> tuple[float, np.ndarray]:
     """Sum of squared errors over the batch, and its gradient (flat)."""
     p = unflatten(flat, hidden)
     hidden_out = np.tanh(inputs @ p["w1"] + p["b1"])
@@ -107,7 +117,9 @@ def loss_and_gradient(flat: np.ndarray, hidden: int, inputs: np.ndarray, targets
     return float(error @ error), gradient
 
 
-def adam_step(params: np.ndarray, m: np.ndarray, v: np.ndarray, gradient: np.ndarray, t: int, lr: float) -> None:
+def adam_step(
+    params: np.ndarray, m: np.ndarray, v: np.ndarray, gradient: np.ndarray, t: int, lr: float
+) -> None:
     """One Adam update of ``params`` (and its moments) in place."""
     m *= BETA1
     m += (1 - BETA1) * gradient
@@ -129,7 +141,9 @@ def generator_state(rng: np.random.Generator) -> np.ndarray:
     state = rng.bit_generator.state
     mask = (1 << 64) - 1
     s, inc = state["state"]["state"], state["state"]["inc"]
-    return np.array([s & mask, s >> 64, inc & mask, inc >> 64, state["has_uint32"], state["uinteger"]], dtype=np.uint64)
+    return np.array(
+        [s & mask, s >> 64, inc & mask, inc >> 64, state["has_uint32"], state["uinteger"]], dtype=np.uint64
+    )
 
 
 def set_generator_state(rng: np.random.Generator, words: np.ndarray) -> None:
@@ -165,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "adam": {"m": hpckpt.Distributed(m, global_shape=(total,), offset=(first,)),
                      "v": hpckpt.Distributed(v, global_shape=(total,), offset=(first,)), "t": 0},
             "step": 0,
-        }  # fmt: skip
+        }
     else:
         m, v = np.zeros(total), np.zeros(total)
         shard_first, shard_count = split(EXAMPLES, size, rank)
@@ -201,7 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 full = np.empty(total)
                 counts = [split(total, size, r)[1] for r in range(size)]
                 comm.Allgatherv(state["params"].array, [full, counts])
-                batch = np.random.default_rng([SEED, 7, step]).choice(EXAMPLES, size=args.batch, replace=False)
+                batch = np.random.default_rng([SEED, 7, step]).choice(
+                    EXAMPLES, size=args.batch, replace=False
+                )
                 start, part = split(args.batch, size, rank)
                 rows = batch[start : start + part]
                 examples = args.batch
@@ -235,7 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ckpt.save(done, state)
             if stopping:
                 if rank == 0:
-                    print(f"train: stopped at step {done} (checkpoint step {done}): {job and job.stop_reason}", flush=True)
+                    print(
+                        f"train: stopped at step {done} (checkpoint step {done}): {job and job.stop_reason}",
+                        flush=True,
+                    )
                 return STOPPED_EXIT_CODE
     if args.shard:
         final = np.empty(total)
@@ -245,11 +264,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     resumed_all = world.gather("none" if resumed is None else str(resumed), root=0)
     if rank == 0:
         if args.out:
-            np.savez(args.out, allow_pickle=False, **{k: v.copy() for k, v in unflatten(final, args.hidden).items()})
+            np.savez(
+                args.out,
+                allow_pickle=False,
+                **{k: v.copy() for k, v in unflatten(final, args.hidden).items()},
+            )
         assert resumed_all is not None  # gathered on rank 0
         resumed_from = ",".join(resumed_all) if uncoordinated else resumed_all[0]
         digest = hashlib.sha256(final.tobytes()).hexdigest()
-        print(f"train: done steps={args.steps} resumed_from={resumed_from} loss={loss:.17g} checksum={digest}", flush=True)
+        print(
+            f"train: done steps={args.steps} resumed_from={resumed_from} loss={loss:.17g} checksum={digest}",
+            flush=True,
+        )
     return 0
 
 

@@ -63,7 +63,8 @@ def exchange_partner(comm: MPI.Comm, blob: np.ndarray, holder: int, owner: int) 
     sizes = np.array([blob.size], dtype=np.int64), np.empty(1, dtype=np.int64)
     comm.Sendrecv(sizes[0], dest=holder, sendtag=11, recvbuf=sizes[1], source=owner, recvtag=11)
     received = np.empty(int(sizes[1][0]), dtype=np.uint8)
-    comm.Sendrecv([blob, MPI.BYTE], dest=holder, sendtag=12, recvbuf=[received, MPI.BYTE], source=owner, recvtag=12)
+    comm.Sendrecv([blob, MPI.BYTE], dest=holder, sendtag=12, recvbuf=[received, MPI.BYTE], source=owner,
+                  recvtag=12)
     return received
 
 
@@ -78,7 +79,7 @@ def _chunks(blob: np.ndarray, chunk: int, members: int) -> np.ndarray:
 
 
 def xor_parity(group: MPI.Comm, blob: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """This member's parity chunk and every member's blob length. Collective over ``group``."""
+    """The parity chunk of this member and every member's blob length. Collective over ``group``."""
     from mpi4py import MPI
 
     members, me = group.size, group.rank

@@ -95,7 +95,8 @@ class NodeLocalStore:
         self.backend = PosixBackend()
         count = max(self.nodes) + 1
         if redundancy != "none" and count < 2:
-            raise ValueError(f"redundancy={redundancy!r} needs ranks on at least 2 nodes; all {comm.size} are on one")
+            raise ValueError(f"redundancy={redundancy!r} needs ranks on at least 2 nodes; "
+                             f"all {comm.size} are on one")
         index = self._index_on_node(rank)
         self.holder = self._rank_at((self.node + 1) % count, index)
         self.owner = self._rank_at((self.node - 1) % count, index)
@@ -112,7 +113,7 @@ class NodeLocalStore:
                 raise ValueError("redundancy='xor' needs groups of at least 2 ranks on distinct nodes")
 
     def _parity_group(self) -> MPI.Comm:
-        """This rank's XOR group (redundancy="xor" only)."""
+        """The XOR group of this rank (redundancy="xor" only)."""
         assert self.group is not None, "only redundancy='xor' has parity groups"
         return self.group
 
@@ -141,7 +142,8 @@ class NodeLocalStore:
             run_phase(self.comm, f"local step {step}: partner copy", lambda: self._keep_partner(step, held))
         else:
             parity, lengths = xor_parity(self._parity_group(), blob)
-            run_phase(self.comm, f"local step {step}: parity", lambda: self._keep_parity(step, parity, lengths))
+            run_phase(self.comm, f"local step {step}: parity",
+                      lambda: self._keep_parity(step, parity, lengths))
         return report
 
     def _keep_partner(self, step: int, held: np.ndarray) -> None:
@@ -172,7 +174,8 @@ class NodeLocalStore:
         parity = self.comm.allgather(self._parity_steps() if self.redundancy == "xor" else [])
         members = self.comm.allgather(self._group_ranks() if self.group else [self.comm.rank])
         for step in sorted({s for steps in own for s in steps}, reverse=True):
-            if all(self._obtainable(rank, step, own, held, parity, members) for rank in range(self.comm.size)):
+            if all(self._obtainable(rank, step, own, held, parity, members)
+                   for rank in range(self.comm.size)):
                 return step
         return None
 
@@ -188,7 +191,9 @@ class NodeLocalStore:
         return False
 
     def discard_after(self, step: int | None) -> None:
-        """Forget local steps newer than ``step`` (the one restored): they were never agreed. Not collective."""
+        """Forget local steps newer than ``step`` (the one restored): they were never agreed.
+        Not collective.
+        """
         for steps_dir in (self.own.root, self.partner_dir.root, self.parity_dir):
             for entry in step_entries(steps_dir):
                 if step is None or entry.step > step:
@@ -233,7 +238,8 @@ class NodeLocalStore:
         me = group.rank
         parity_path = self.parity_dir / step_name(step)
         lengths = group.bcast(
-            json.loads((parity_path / "lengths.json").read_text()) if me == (lost[0] + 1) % group.size else None,
+            json.loads((parity_path / "lengths.json").read_text())
+            if me == (lost[0] + 1) % group.size else None,
             root=(lost[0] + 1) % group.size,
         )
         blob = parity = None

@@ -120,7 +120,7 @@ class LoggedComm(PointToPoint, Collectives):
     # -- mpi4py look-alikes -------------------------------------------------------
 
     def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
-        """This rank."""
+        """The rank of the calling process."""
         return self.rank
 
     def Get_size(self) -> int:  # noqa: N802

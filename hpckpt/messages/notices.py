@@ -40,7 +40,9 @@ class CommitNotices:
                 continue
             rows = [(tag, n) for (source, tag), n in sorted(oldest_delivered.items()) if source == peer]
             notice = np.array([oldest_done, *[x for row in rows for x in row]], dtype=np.int64)
-            if links.survived(lambda: links.pending.append((links.control.Isend(notice, peer, TAG_NOTICE), notice))):
+            if links.survived(
+                lambda: links.pending.append((links.control.Isend(notice, peer, TAG_NOTICE), notice))
+            ):
                 self._sent[peer] += 1
 
     def poll(self, state: MessageState) -> None:

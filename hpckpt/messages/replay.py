@@ -29,7 +29,8 @@ class Replay:
         serve the collective results they must redo. Collective over ``links.control``.
         """
         control = self.links.control
-        rows = np.array([[s, t, n] for (s, t), n in sorted(state.delivered.items())], dtype=np.int64).reshape(-1)
+        rows = np.array([[s, t, n] for (s, t), n in sorted(state.delivered.items())],
+                        dtype=np.int64).reshape(-1)
         counts = np.array(control.allgather(rows.size), dtype=np.int64)
         everyone = np.empty(int(counts.sum()), dtype=np.int64)
         control.Allgatherv(rows, [everyone, counts])
@@ -86,7 +87,8 @@ class Replay:
                         f"rank {self.rank}: message {seq} to rank {dest} (tag {tag}) is needed for replay "
                         "but is no longer in the log"
                     )
-                links.pending.append((links.data.Isend([entries[seq], links.mpi.BYTE], dest, tag), entries[seq]))
+                links.pending.append(
+                    (links.data.Isend([entries[seq], links.mpi.BYTE], dest, tag), entries[seq]))
                 self.replayed += 1
 
     def _serve_collectives(self, state: MessageState, dones: np.ndarray) -> None:
@@ -100,7 +102,8 @@ class Replay:
             if provider != self.rank:
                 continue
             if index not in state.results:
-                raise MessageLogError(f"rank {self.rank}: the result of collective {index} is needed but not logged")
+                raise MessageLogError(
+                    f"rank {self.rank}: the result of collective {index} is needed but not logged")
             for behind in np.flatnonzero(dones <= index):
                 result = state.results[index]
                 links.pending.append((links.control.Isend(result, int(behind), TAG_RESULT), result))

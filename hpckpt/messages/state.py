@@ -39,7 +39,8 @@ class MessageLogError(HpckptError, RuntimeError):
 
 
 def _rows(counts: dict[Channel, int]) -> np.ndarray:
-    return np.array([[peer, tag, n] for (peer, tag), n in sorted(counts.items())], dtype=np.int64).reshape(-1, 3)
+    return np.array([[peer, tag, n] for (peer, tag), n in sorted(counts.items())],
+                    dtype=np.int64).reshape(-1, 3)
 
 
 def _counts(rows: np.ndarray) -> dict[Channel, int]:
@@ -101,19 +102,28 @@ class MessageState:
 
     def to_tree(self) -> dict[str, Any]:
         """The state as a tree of Local leaves, to save with the application's state."""
-        entries = [(dest, tag, seq, data) for (dest, tag), log in sorted(self.log.items()) for seq, data in log.items()]
+        entries = [(dest, tag, seq, data)
+                   for (dest, tag), log in sorted(self.log.items()) for seq, data in log.items()]
         results = sorted(self.results.items())
         history = [(step, _rows(delivered), done) for step, delivered, done in self.history]
         return {
             "sent": Local(_rows(self.sent), resizable=True),
             "delivered": Local(_rows(self.delivered), resizable=True),
-            "log_index": Local(np.array([e[:3] + (e[3].size,) for e in entries], dtype=np.int64).reshape(-1, 4), resizable=True),
+            "log_index": Local(
+                np.array([e[:3] + (e[3].size,) for e in entries], dtype=np.int64).reshape(-1, 4),
+                resizable=True,
+            ),
             "log_payloads": Local(_concat([e[3] for e in entries]), resizable=True),
-            "result_index": Local(np.array([(i, r.size) for i, r in results], dtype=np.int64).reshape(-1, 2), resizable=True),
+            "result_index": Local(
+                np.array([(i, r.size) for i, r in results], dtype=np.int64).reshape(-1, 2), resizable=True
+            ),
             "result_bytes": Local(_concat([r for _, r in results]), resizable=True),
-            "history_steps": Local(np.array([(s, d) for s, _, d in history], dtype=np.int64).reshape(-1, 2), resizable=True),
+            "history_steps": Local(
+                np.array([(s, d) for s, _, d in history], dtype=np.int64).reshape(-1, 2), resizable=True
+            ),
             "history_delivered": Local(
-                np.concatenate([np.insert(rows, 0, step, axis=1) for step, rows, _ in history] or [np.empty((0, 4), np.int64)]),
+                np.concatenate([np.insert(rows, 0, step, axis=1) for step, rows, _ in history]
+                               or [np.empty((0, 4), np.int64)]),
                 resizable=True,
             ),
             "collectives_done": self.collectives_done,

@@ -13,7 +13,9 @@ from ..errors import InvalidStateError
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
 
 
-def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, Box], *, cover: bool = True) -> None:
+def check_tiling(
+    path: str, global_shape: tuple[int, ...], boxes: Mapping[int, Box], *, cover: bool = True
+) -> None:
     """Check that the ranks' boxes lie inside ``global_shape``, never overlap and cover it.
 
     With ``cover=False`` the boxes may leave parts of the array to ranks not listed
@@ -48,7 +50,8 @@ def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, B
             return
         pair = first_overlap(starts, ends)
         if pair is not None:
-            (first, first_box), (second, second_box) = sorted((filled[pair[0]], filled[pair[1]]), key=lambda item: item[0])
+            (first, first_box), (second, second_box) = sorted((filled[pair[0]], filled[pair[1]]),
+                                                              key=lambda item: item[0])
             raise InvalidStateError(
                 f"Distributed leaf {path!r}: the boxes of ranks {first} and {second} "
                 f"overlap ({first_box} and {second_box} as (offset, shape))"
@@ -65,7 +68,9 @@ def check_tiling(path: str, global_shape: tuple[int, ...], boxes: Mapping[int, B
 def box_fits(box: Box, global_shape: tuple[int, ...]) -> bool:
     """Whether ``box`` (offset, shape) lies inside an array of ``global_shape``."""
     offset, shape = box
-    return len(offset) == len(global_shape) and all(o + n <= g for o, n, g in zip(offset, shape, global_shape))
+    return len(offset) == len(global_shape) and all(
+        o + n <= g for o, n, g in zip(offset, shape, global_shape)
+    )
 
 
 def tiles_exactly(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int, ...]) -> bool:
@@ -89,11 +94,13 @@ def corner_weights(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int
     """
     ndim = starts.shape[1]
     masks = _corner_masks(ndim)
-    corner_signs = np.where(masks.sum(axis=1) % 2, -1, 1)  # of each corner, by how many axes it takes an end on
+    # of each corner, by how many axes it takes an end on
+    corner_signs = np.where(masks.sum(axis=1) % 2, -1, 1)
     corners = np.where(masks[:, None, :], ends[None, :, :], starts[None, :, :]).reshape(-1, ndim)
     keys = _point_keys(corners, global_shape)
     points, where = np.unique(keys, return_inverse=True)
-    weights = np.bincount(where.reshape(-1), weights=np.repeat(corner_signs, len(starts)), minlength=len(points))
+    weights = np.bincount(where.reshape(-1), weights=np.repeat(corner_signs, len(starts)),
+                          minlength=len(points))
     kept = weights != 0
     return dict(zip(points[kept].tolist(), weights[kept].astype(np.int64).tolist()))
 
@@ -101,7 +108,8 @@ def corner_weights(starts: np.ndarray, ends: np.ndarray, global_shape: tuple[int
 def whole_array_weights(global_shape: tuple[int, ...]) -> dict[Any, int]:
     """The corner weights of one box that is the whole array (of at least one axis)."""
     ndim = len(global_shape)
-    return corner_weights(np.zeros((1, ndim), dtype=np.int64), np.array([global_shape], dtype=np.int64), global_shape)
+    return corner_weights(np.zeros((1, ndim), dtype=np.int64), np.array([global_shape], dtype=np.int64),
+                          global_shape)
 
 
 def add_weights(total: dict[Any, int], weights: Mapping[Any, int]) -> None:
@@ -116,7 +124,8 @@ def add_weights(total: dict[Any, int], weights: Mapping[Any, int]) -> None:
 
 def _corner_masks(ndim: int) -> np.ndarray:
     """Row ``c``: which axes corner ``c`` of a box takes its end on (``2^ndim`` rows)."""
-    return np.array([[(choice >> axis) & 1 for axis in range(ndim)] for choice in range(1 << ndim)], dtype=bool)
+    return np.array([[(choice >> axis) & 1 for axis in range(ndim)] for choice in range(1 << ndim)],
+                    dtype=bool)
 
 
 def _point_keys(points: np.ndarray, global_shape: tuple[int, ...]) -> np.ndarray:
@@ -131,7 +140,8 @@ def _point_keys(points: np.ndarray, global_shape: tuple[int, ...]) -> np.ndarray
 
 def _row_keys(rows: np.ndarray) -> np.ndarray:
     """Each row of ``rows`` (int64) as one sortable, comparable value."""
-    return np.ascontiguousarray(rows).view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).reshape(-1)
+    row_type = np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))
+    return np.ascontiguousarray(rows).view(row_type).reshape(-1)
 
 
 def first_overlap(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int] | None:
@@ -151,7 +161,9 @@ def first_overlap(starts: np.ndarray, ends: np.ndarray) -> tuple[int, int] | Non
     return _sweep(np.arange(len(starts)), starts, ends, order)
 
 
-def _sweep(index: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: list[int]) -> tuple[int, int] | None:
+def _sweep(
+    index: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: list[int]
+) -> tuple[int, int] | None:
     """:func:`first_overlap` among the boxes ``index``, which share a slab on every
     axis already swept, on the remaining ``axes``.
     """

@@ -85,7 +85,9 @@ def to_write(records: Sequence[LeafRecord], delta: Delta | None) -> tuple[LeafRe
     return tuple(kept)
 
 
-def compose(records: Sequence[LeafRecord], placed: Sequence[LeafRecord], delta: Delta | None) -> tuple[LeafRecord, ...]:
+def compose(
+    records: Sequence[LeafRecord], placed: Sequence[LeafRecord], delta: Delta | None
+) -> tuple[LeafRecord, ...]:
     """The manifest's records: written blocks where ``placed`` put them, reused ones from the base."""
     if delta is None:
         return tuple(placed)
@@ -122,7 +124,8 @@ def _same_leaf(new: LeafRecord, old: LeafRecord) -> bool:
 
 
 def _same_block(new: Block, old: Block) -> bool:
-    return (new.offset, new.shape, new.checksum, new.members) == (old.offset, old.shape, old.checksum, old.members)
+    return ((new.offset, new.shape, new.checksum, new.members)
+            == (old.offset, old.shape, old.checksum, old.members))
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,8 @@ def group_writes(written: Sequence[LeafRecord], delta: Delta | None) -> GroupWri
     """The summary of a group whose records to write are ``written`` (:func:`to_write`)."""
     reused = delta.reused.values() if delta is not None else ()
     steps = frozenset(home_step(block, delta.base) for block in reused) if delta is not None else frozenset()
-    return GroupWrites(frozenset(record.path for record in written), steps, sum(record.nbytes for record in written))
+    return GroupWrites(frozenset(record.path for record in written), steps,
+                       sum(record.nbytes for record in written))
 
 
 def all_group_writes(summaries: Sequence[GroupWrites]) -> GroupWrites:

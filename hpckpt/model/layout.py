@@ -50,7 +50,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class AgreedLayout:
-    """This rank's part of the laid-out records of a save (rank 0's: all of them), kept
+    """A rank's part of the laid-out records of a save (rank 0's: all of them), kept
     for later saves of the same layout.
 
     ``step`` is the save that merged the plans: every rank keeps the layout of the same

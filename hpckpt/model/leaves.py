@@ -32,9 +32,11 @@ def _dim_names(dims: Any, ndim: int) -> tuple[str, ...] | None:
     if len(names) != ndim or len(set(names)) != ndim:
         raise InvalidStateError(f"dims={names!r}: give {ndim} distinct axis name(s), one per dimension")
     for name in names:
-        if not isinstance(name, str) or not name or "/" in name or not name.isprintable() or name.startswith("hpckpt"):
-            raise InvalidStateError(f"dims: axis name {name!r} is not allowed (a non-empty string without '/' or "
-                                    "control characters, not starting with 'hpckpt')")  # fmt: skip
+        if (not isinstance(name, str) or not name or "/" in name or not name.isprintable()
+                or name.startswith("hpckpt")):
+            raise InvalidStateError(f"dims: axis name {name!r} is not allowed "
+                                    "(a non-empty string without '/' or "
+                                    "control characters, not starting with 'hpckpt')")
     return names
 
 
@@ -113,7 +115,8 @@ class Pickled(Local):
     def pickle(self) -> np.ndarray:
         """Pickle ``value`` into ``array`` (the bytes a save writes) and return it."""
         if not self._frozen:
-            self.array = np.frombuffer(pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+            self.array = np.frombuffer(pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL),
+                                       dtype=np.uint8)
             self.shape = self.array.shape
         return self.array
 
@@ -146,7 +149,7 @@ class Replicated(_WholeArrayLeaf):
 
 
 class Distributed:
-    """This rank's box of a global array; together the ranks' boxes tile it exactly.
+    """A rank's box of a global array; together the ranks' boxes tile it exactly.
 
     Parameters
     ----------

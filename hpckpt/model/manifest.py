@@ -140,8 +140,8 @@ class Manifest:
     def with_shard_blocks(
         self, source: str, read_shard: Callable[[str], str], wanted: Callable[[Shard], bool]
     ) -> Manifest:
-        """This sharded manifest, as read without its blocks (``wanted`` none), with the
-        blocks of the shards ``wanted`` now says, read with ``read_shard`` and checked as
+        """The sharded manifest ``self``, as read without its blocks (``wanted`` none), with
+        the blocks of the shards ``wanted`` now says, read with ``read_shard`` and checked as
         :meth:`from_json` checks them. Raises CorruptCheckpointError naming ``source`` and
         the shard when one is unusable.
         """

@@ -143,7 +143,8 @@ class BlockIndex:
 
     def __init__(self) -> None:
         self._sorted: dict[str, tuple[list[int], list[int], int]] = {}
-        self._files: dict[str, list[str]] | None = None  # a directory or file name -> the files of the step in it
+        # a directory or file name -> the files of the step in it
+        self._files: dict[str, list[str]] | None = None
 
     def files_of(self, manifest: Manifest, held: str) -> list[str]:
         """The files of ``manifest`` that are ``held`` or lie in the directory ``held``
@@ -153,7 +154,8 @@ class BlockIndex:
             self._files = {}
             for name in manifest.files:
                 self._files.setdefault(name.split("/")[0], []).append(name)
-        return [name for name in self._files.get(held.split("/")[0], ()) if name == held or name.split("/")[0] == held]
+        return [name for name in self._files.get(held.split("/")[0], ())
+                if name == held or name.split("/")[0] == held]
 
     def overlapping(self, record: LeafRecord, box: Box) -> tuple[Block, ...]:
         """The blocks of ``record`` that share elements with ``box``, in manifest order."""
@@ -170,7 +172,8 @@ class BlockIndex:
         first = bisect.bisect_left(starts, box[0][0] - longest + 1)
         last = bisect.bisect_left(starts, box[0][0] + box[1][0])
         blocks = record.blocks
-        found = sorted(number for number in order[first:last] if intersection((blocks[number].offset, blocks[number].shape), box))
+        found = sorted(number for number in order[first:last]
+                       if intersection((blocks[number].offset, blocks[number].shape), box))
         return tuple(blocks[number] for number in found)
 
 

@@ -145,7 +145,7 @@ class Block:
         return self.location.get(PACK_START)
 
     def with_in_step(self, step: int) -> Block:
-        """This block, reused by a later step: its bytes are in step ``step``'s files."""
+        """The same block, reused by a later step: its bytes are in step ``step``'s files."""
         location = {**self.location, IN_STEP: step}
         return Block(self.rank, self.offset, self.shape, self.checksum, location, self.members)
 

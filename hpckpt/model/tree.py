@@ -35,11 +35,14 @@ def _check_key(key: Any, parent: str) -> str:
     if not isinstance(key, str):
         raise InvalidStateError(f"state keys must be strings; key {key!r} at {where} is {type(key).__name__}")
     if key in _RESERVED_KEYS or "/" in key:
-        raise InvalidStateError(f"state key {key!r} at {where} is not allowed (empty, '.', '..' or contains '/')")
+        raise InvalidStateError(f"state key {key!r} at {where} is not allowed "
+                                "(empty, '.', '..' or contains '/')")
     if _CONTROL_CHARACTER.search(key):
-        raise InvalidStateError(f"state key {key!r} at {where} contains a control character (NUL, newline, ...)")
+        raise InvalidStateError(f"state key {key!r} at {where} contains a control character "
+                                "(NUL, newline, ...)")
     if key == RESERVED_KEY and not parent:
-        raise InvalidStateError(f"state key {key!r} at the top level is hpckpt's own (its packed small leaves)")
+        raise InvalidStateError(f"state key {key!r} at the top level is hpckpt's own "
+                                "(its packed small leaves)")
     return key
 
 
@@ -144,7 +147,8 @@ def nest(leaves: Mapping[str, Any], lists: Collection[str]) -> Any:
     def build(node: Any, path: str) -> Any:
         if not isinstance(node, dict):
             return node
-        children = {key: build(value, f"{path}/{key}" if path else key) for key, value in sorted(node.items())}
+        children = {key: build(value, f"{path}/{key}" if path else key)
+                    for key, value in sorted(node.items())}
         if path in lists:
             return [children[key] for key in sorted(children, key=int)]
         return children

@@ -13,9 +13,9 @@ duplication, is made here at creation), and the backends' collective I/O release
 too: hdf5 writes with ``pwrite`` after a broadcast, ADIOS2 is called through its C API
 (:mod:`hpckpt.storage.adios2_c`), posix writes its own files. An application
 thread that waits in MPI holding the GIL (mpi4py does while duplicating a context) can
-therefore only delay the worker, never stop its peers' workers from finishing. At most ``max_in_flight`` saves are queued or
-running; a further save waits for a buffer set, so the extra memory is at most
-``max_in_flight`` copies of the state.
+therefore only delay the worker, never stop its peers' workers from finishing. At most
+``max_in_flight`` saves are queued or running; a further save waits for a buffer set,
+so the extra memory is at most ``max_in_flight`` copies of the state.
 
 Errors: every phase of a save agrees across ranks, so a failed background save fails
 with the same error on every rank's worker. The :class:`~hpckpt.Checkpointer` raises
@@ -64,7 +64,8 @@ def snapshot(state: Any, buffers: dict[str, np.ndarray], copies: list[HostCopy])
 def _staged_leaf(leaf: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
     """``leaf`` over its copy in this path's buffer."""
     if isinstance(leaf, Distributed):
-        return Distributed(_stage(leaf.array, path, buffers, copies), global_shape=leaf.global_shape, offset=leaf.offset)
+        return Distributed(_stage(leaf.array, path, buffers, copies), global_shape=leaf.global_shape,
+                           offset=leaf.offset)
     if isinstance(leaf, Pickled):  # pickled now: later changes to the object are not saved
         return Pickled.of_bytes(_stage(leaf.pickle(), path, buffers, copies))
     if isinstance(leaf, Local):
@@ -80,7 +81,9 @@ def _stage(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[H
     return like(buffer, array) if is_bfloat16(array) else buffer
 
 
-def _copy_into_buffer(array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> np.ndarray:
+def _copy_into_buffer(
+    array: Any, path: str, buffers: dict[str, np.ndarray], copies: list[HostCopy]
+) -> np.ndarray:
     if is_device_array(array):
         shape, dtype = device_layout(array, path)
         buffer = buffers.get(path)

@@ -75,7 +75,8 @@ class RestoreChoice:
 @dataclass(frozen=True)
 class Restored:
     """A finished restore, alike on every rank: its step, and what a non-strict restore
-    left alone (leaf paths, plain values included)."""
+    left alone (leaf paths, plain values included).
+    """
 
     step: int
     missing: tuple[str, ...] = ()  # in the state but not in the step: left as they were
@@ -151,7 +152,8 @@ def _steps_to_try(comm: MPI.Comm, run_dir: RunDirectory, choice: RestoreChoice) 
 
 class _Fallbacks:
     """The steps a restore passed over, and why: warned of as they are refused, and the
-    error raised when none is left. Alike on every rank."""
+    error raised when none is left. Alike on every rank.
+    """
 
     def __init__(self, run_dir: RunDirectory, steps: list[int]) -> None:
         self.run_dir = run_dir
@@ -163,7 +165,8 @@ class _Fallbacks:
         """Note why ``refused.step`` was passed over, and warn that an older step is tried
         next (each rank; called by :func:`restore_newest` only, which the warning names
         the caller of). A mismatch of the oldest step is not warned of: the
-        :class:`~hpckpt.errors.StateMismatchError` raised then says it all."""
+        :class:`~hpckpt.errors.StateMismatchError` raised then says it all.
+        """
         step = refused.step
         self.problems.append(refused.problem())
         if isinstance(refused, StepNotMatchingError):
@@ -179,7 +182,8 @@ class _Fallbacks:
 
     def failure(self) -> HpckptError:
         """What a restore raises when every step was refused: the newest mismatch with
-        the tree, else every step's first problem. Any rank, alone."""
+        the tree, else every step's first problem. Any rank, alone.
+        """
         if self.mismatch is not None:
             return self.mismatch
         problems = "; ".join(self.problems)
@@ -189,7 +193,8 @@ class _Fallbacks:
 
 def _restored(step: int, manifest: Manifest, slots: list[Slot], rank: int) -> Restored:
     """``step``'s :class:`Restored`, with what it left alone; rank 0 warns when anything
-    was (called by :func:`restore_newest` only, which the warning names the caller's caller of)."""
+    was (called by :func:`restore_newest` only, which the warning names the caller's caller of).
+    """
     in_state = {slot.path for slot in slots}
     in_step = [record.path for record in manifest.tree_leaves] + list(manifest.values)
     missing = tuple(sorted(in_state.difference(in_step)))

@@ -43,13 +43,15 @@ class StepRefusedError(Exception):
 
     def problem(self) -> str:
         """The refusal in the list of :class:`~hpckpt.errors.CorruptCheckpointError`
-        raised when no step can be restored. Any rank, alone."""
+        raised when no step can be restored. Any rank, alone.
+        """
         return f"step {self.step}: {self.findings[0]}"
 
 
 class StepNotMatchingError(StepRefusedError):
     """The tree differs from step ``step``, whose manifest is ``source``: ``findings``
-    are the :func:`differences` of every rank."""
+    are the :func:`differences` of every rank.
+    """
 
     def __init__(self, step: int, source: str, findings: list[str]) -> None:
         super().__init__(step, findings)
@@ -128,7 +130,8 @@ def _leaf_differences(
     slot: Slot, record: LeafRecord, manifest: Manifest, target: RestoreTarget, source: int | None
 ) -> list[str]:
     """What differs between the array leaf at ``slot`` and its ``record``: kind, encoding,
-    dtype, then shape (of a Local leaf: that of the block it reads, from writer ``source``)."""
+    dtype, then shape (of a Local leaf: that of the block it reads, from writer ``source``).
+    """
     leaf, path = slot.value, slot.path
     if record.kind != leaf.kind:
         return [f"leaf {path!r} is {leaf.kind} in the state but {record.kind} in the checkpoint"]
@@ -157,7 +160,8 @@ def _local_block_differences(
     path: str, leaf: Local, record: LeafRecord, manifest: Manifest, target: RestoreTarget, source: int | None
 ) -> list[str]:
     """Why Local ``leaf`` cannot take the block of writer ``source`` (its own rank's
-    when None, on as many ranks as wrote ``manifest``) of ``record``."""
+    when None, on as many ranks as wrote ``manifest``) of ``record``.
+    """
     if leaf.kind == LeafKind.LOCAL and source is None:
         return [f"local leaf {path!r} was written by {manifest.world_size} ranks but is restored on "
                 f"{target.size}; a Local leaf restores only on as many ranks, unless "
@@ -183,7 +187,8 @@ def _local_block_differences(
 def _allocation_limit(manifest: Manifest, block: Block) -> int:
     """The most bytes a resized leaf's block may take when restored: what the files of
     this rank's part of the manifest hold (those that hold its blocks), for a block
-    stored uncompressed in them, and never more than this host's memory."""
+    stored uncompressed in them, and never more than this host's memory.
+    """
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     stored = [size for size in manifest.files.values() if size is not None]
     if block.codec is None and block.in_step is None and stored:

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ManifestSource(ABC):
     """Step ``step`` of ``run_dir``, written by ``writers`` ranks; ``top`` is its manifest
-    as rank 0 read it (without the blocks of its shards), None on the other ranks."""
+    as rank 0 read it (without the blocks of its shards), None on the other ranks.
+    """
 
     comm: MPI.Comm
     run_dir: RunDirectory
@@ -50,13 +51,15 @@ class ManifestSource(ABC):
 
     @abstractmethod
     def part(self, target: RestoreTarget) -> Manifest:
-        """This rank's part of the manifest: the blocks ``target`` reads or checks.
-        Collective over ``comm``."""
+        """The part of the manifest for this rank: the blocks ``target`` reads or checks.
+        Collective over ``comm``.
+        """
 
     @abstractmethod
     def damaged(self, part: Manifest) -> list[str]:
         """What is wrong with the step's files, alike on every rank (empty: nothing).
-        Collective over ``comm``; ``part`` is this rank's part."""
+        Collective over ``comm``; ``part`` is this rank's part.
+        """
 
 
 class WholeManifest(ManifestSource):
@@ -71,7 +74,8 @@ class WholeManifest(ManifestSource):
 
     def damaged(self, part: Manifest) -> list[str]:
         """Rank 0 checks every file of the step, and those of the steps it reads blocks
-        of; every rank gets its findings. Collective over ``comm``."""
+        of; every rank gets its findings. Collective over ``comm``.
+        """
         return share_phase(self.comm, f"restore step {self.step}: files",
                            lambda: damaged_files(self.run_dir, self.top) if self.top is not None else [])
 
@@ -105,7 +109,8 @@ class ShardedManifest(ManifestSource):
 
     def damaged(self, part: Manifest) -> list[str]:
         """Each rank checks the files its part names (the leaders checked those of other
-        steps): no rank stats every file of the step. Collective over ``comm``."""
+        steps): no rank stats every file of the step. Collective over ``comm``.
+        """
         return merged_phase(self.comm, f"restore step {self.step}: files",
                             lambda: damaged_files(self.run_dir, part, elsewhere=False))
 
@@ -131,7 +136,8 @@ def open_manifest(comm: MPI.Comm, run_dir: RunDirectory, step: int) -> ManifestS
 
 def _parsed_top(run_dir: RunDirectory, step: int) -> Manifest | CorruptCheckpointError:
     """``step``'s manifest, without reading its shards (a sharded manifest's leaves then
-    hold no blocks), or why it cannot be read (rank 0)."""
+    hold no blocks), or why it cannot be read (rank 0).
+    """
     try:
         return run_dir.manifest(step, wanted=lambda _shard: False)
     except CorruptCheckpointError as exc:
@@ -153,7 +159,8 @@ def _shard_parts(
     (:func:`~hpckpt.model.reads.shards_for`), then cut as :func:`_parts` does. Why the
     step is unusable for every rank of the group when one of those shards is, or when
     the files of another step that hold their blocks are damaged
-    (:func:`~hpckpt.storage.integrity.damaged_elsewhere`)."""
+    (:func:`~hpckpt.storage.integrity.damaged_elsewhere`).
+    """
     needed = shards_for(bare, requests)
     try:
         read = bare.with_shard_blocks(str(run_dir.manifest_path(step)), run_dir.shard_reader(step),

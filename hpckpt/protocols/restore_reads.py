@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
 class Piece(Protocol):
     """A stored block to read (``request``) and how its bytes reach a leaf of this rank:
-    its host ``destination``, copied back into ``device`` (None: a host leaf)."""
+    its host ``destination``, copied back into ``device`` (None: a host leaf).
+    """
 
     @property
     def request(self) -> BlockData:
@@ -66,7 +67,8 @@ class Piece(Protocol):
 @dataclass(frozen=True)
 class WholeRead:
     """A block read straight into place: ``request.array`` is ``destination`` or a
-    contiguous view of it."""
+    contiguous view of it.
+    """
 
     request: BlockData
     destination: np.ndarray
@@ -79,7 +81,8 @@ class WholeRead:
 @dataclass(frozen=True)
 class SlicedRead:
     """A block read into a buffer (``request.array``), whose elements ``taken`` go to
-    ``destination[into]``."""
+    ``destination[into]``.
+    """
 
     request: BlockData
     destination: np.ndarray
@@ -95,7 +98,8 @@ class SlicedRead:
 @dataclass(frozen=True)
 class MemberRead:
     """Packed ``block`` of ``record``: ``request`` reads the whole pack block it is in
-    (one read shared by all its members)."""
+    (one read shared by all its members).
+    """
 
     request: BlockData
     destination: np.ndarray
@@ -112,7 +116,8 @@ class MemberRead:
 class ResizedRead:
     """Resizable Local ``leaf``, whose stored block has another shape: ``read`` fills a
     new array, which then replaces the leaf's (never a device copy-back: the new array
-    is put on the leaf's device whole)."""
+    is put on the leaf's device whole).
+    """
 
     read: WholeRead | MemberRead
     leaf: Local
@@ -134,7 +139,8 @@ class ResizedRead:
 
     def put_in_place(self) -> None:
         """Give the leaf its new array, of the kind it had (bfloat16 stays bfloat16, a
-        device array becomes a new device array). This rank alone."""
+        device array becomes a new device array). This rank alone.
+        """
         self.read.put_in_place()
         fresh, original = self.destination, self.leaf.array
         restored = like(fresh, original) if is_bfloat16(original) else fresh
@@ -158,7 +164,8 @@ class _Share:
 @dataclass(frozen=True)
 class ReadPlan:
     """The pieces this rank reads, and the replicated chunks every rank receives from
-    the one that reads it."""
+    the one that reads it.
+    """
 
     pieces: list[Piece]
     shares: list[_Share]
@@ -174,7 +181,8 @@ class ReadPlan:
 
     def share_replicated(self, comm: MPI.Comm) -> None:
         """Broadcast each replicated chunk from the rank that read it. Collective over
-        ``comm``: every rank calls it, with plans of the same chunks."""
+        ``comm``: every rank calls it, with plans of the same chunks.
+        """
         from mpi4py import MPI
 
         for share in self.shares:
@@ -230,7 +238,8 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
                 shares += [_Share(destination, chunk.into, index % target.size, device, slot.path)
                            for index, chunk in enumerate(chunks)]
         else:
-            block = record.block_of(source if leaf.kind == LeafKind.LOCAL and source is not None else target.rank)
+            owner = source if leaf.kind == LeafKind.LOCAL and source is not None else target.rank
+            block = record.block_of(owner)
             pieces.append(_local_piece(leaf, record, block, destination, device, packs))
     return ReadPlan(pieces, shares)
 
@@ -239,7 +248,8 @@ def _local_piece(
     leaf: Local, record: LeafRecord, block: Block, destination: np.ndarray, device: Any, packs: _PackReads
 ) -> Piece:
     """The piece that restores Local ``leaf`` from ``block`` into ``destination`` (copied
-    back into ``device``, None for a host leaf); a packed block is copied out of ``packs``."""
+    back into ``device``, None for a host leaf); a packed block is copied out of ``packs``.
+    """
     if leaf.resizable and leaf.shape != block.shape:
         fresh = np.empty(block.shape, dtype=record.dtype)
         if is_member(block):
@@ -252,7 +262,8 @@ def _local_piece(
 
 def _whole_block(record: LeafRecord, block: Block, destination: np.ndarray, device: Any) -> Piece:
     """The piece of a block that is the whole ``destination``: read straight into it
-    where it is contiguous, else into a buffer."""
+    where it is contiguous, else into a buffer.
+    """
     if destination.flags.c_contiguous:
         return WholeRead(BlockData(record, block, destination), destination, device)
     everything = (slice(None),) * len(block.shape)
@@ -303,7 +314,8 @@ def read_and_verify(
     """Read the planned blocks of ``manifest``'s step (with the backend its manifest
     names, ``configured`` or another) and check them; describe each block that fails
     verification, or why the step cannot be read (e.g. its backend is not installed).
-    Each rank, alone (the ``read`` phase merges the findings)."""
+    Each rank, alone (the ``read`` phase merges the findings).
+    """
     point("restore.read")
     step = manifest.step
     try:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 class StepAttempt:
     """Restoring ``target``'s tree from step ``step`` of ``run_dir``, read with
     ``backend`` (or the backend the step's manifest names). Every rank of ``comm``
-    makes one, for the same step."""
+    makes one, for the same step.
+    """
 
     def __init__(self, comm: MPI.Comm, run_dir: RunDirectory, backend: Backend, target: RestoreTarget,
                  step: int) -> None:
@@ -83,7 +84,8 @@ class StepAttempt:
 
     def _fill(self, manifest: Manifest, plan: ReadPlan) -> None:
         """Put the verified blocks and the plain values into the tree. Collective over
-        ``comm`` when the step has replicated chunks to share."""
+        ``comm`` when the step has replicated chunks to share.
+        """
         plan.put_in_place()
         if plan.shares:
             run_phase(self.comm, f"restore step {self.step}: share replicated",

@@ -46,7 +46,8 @@ class RestoreTarget:
     def request(self, writers: int) -> ReadRequest:
         """What this rank reads of a step written by ``writers`` ranks: its Local source
         and its box of each distributed leaf. Called by every rank, alone; raises as
-        :meth:`local_source`."""
+        :meth:`local_source`.
+        """
         boxes = {slot.path: (slot.value.offset, slot.value.shape)
                  for slot in self.slots if isinstance(slot.value, Distributed)}
         return ReadRequest(self.local_source(writers), boxes)

@@ -42,7 +42,9 @@ def rank_directory(root: Path, rank: int) -> Path:
 class UncoordinatedRank:
     """One rank's side of the uncoordinated protocol: its directory, its logged communicator."""
 
-    def __init__(self, comm: MPI.Comm, root: Path, backend: Backend, keep: int, *, durable_determinants: bool) -> None:
+    def __init__(
+        self, comm: MPI.Comm, root: Path, backend: Backend, keep: int, *, durable_determinants: bool
+    ) -> None:
         from mpi4py import MPI
 
         self._self = MPI.COMM_SELF
@@ -109,7 +111,7 @@ class UncoordinatedRank:
         self.comm.recover(self.comm.state, {}, survivor=True)
 
     def steps(self) -> list[int]:
-        """This rank's committed steps. Not collective."""
+        """The committed steps of this rank. Not collective."""
         return self.run_dir.committed_steps()
 
     def close(self, *, drain: bool = True) -> None:

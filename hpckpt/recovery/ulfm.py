@@ -80,8 +80,8 @@ def check_support(comm: MPI.Comm) -> None:
         )
     if not version.startswith("Open MPI"):
         raise UlfmUnavailableError(
-            f"recovery='ulfm' needs Open MPI 5 with ULFM (`make install` builds .venv-ulfm with it); this job "
-            f"runs {version}, whose survivors are not told of a process failure (see docs/ulfm.md)"
+            "recovery='ulfm' needs Open MPI 5 with ULFM (`make install` builds .venv-ulfm with it); "
+            f"this job runs {version}, whose survivors are not told of a process failure (see docs/ulfm.md)"
         )
     if os.environ.get("OMPI_MCA_mpi_ft_enable") != "1":
         raise UlfmUnavailableError(
@@ -91,7 +91,8 @@ def check_support(comm: MPI.Comm) -> None:
     try:
         comm.Agree(1)
     except (NotImplementedError, MPI.Exception) as exc:
-        raise UlfmUnavailableError(f"recovery='ulfm': {version} cannot agree on a communicator: {exc}") from exc
+        raise UlfmUnavailableError(
+            f"recovery='ulfm': {version} cannot agree on a communicator: {exc}") from exc
 
 
 def failure_classes() -> tuple[int, ...]:
@@ -154,7 +155,8 @@ def repair(comm: MPI.Comm, command: list[str] | None = None, others: Sequence[MP
     argv = command or [sys.executable, *sys.orig_argv[1:]]
     info = MPI.Info.Create()
     info.Set("wdir", os.getcwd())
-    inter = cast("MPI.Intracomm", shrunk).Spawn(argv[0], args=argv[1:], maxprocs=len(failed), root=0, info=info)
+    inter = cast("MPI.Intracomm", shrunk).Spawn(argv[0], args=argv[1:], maxprocs=len(failed), root=0,
+                                                info=info)
     info.Free()
     inter.bcast(failed, root=MPI.ROOT if shrunk.rank == 0 else MPI.PROC_NULL)
     repaired = _merge_in_order(inter, high=False, key=comm.rank)

@@ -52,7 +52,9 @@ def backend_class(name: str) -> type[Backend]:
     return loader()
 
 
-def open_backend(name: str | Backend, options: dict[str, Any] | None = None, striping: Striping | None = None) -> Backend:
+def open_backend(
+    name: str | Backend, options: dict[str, Any] | None = None, striping: Striping | None = None
+) -> Backend:
     """Return the backend called ``name`` made with ``options`` (or ``name`` if a Backend).
 
     With ``striping``, the options not given take the backend's defaults for it
@@ -73,7 +75,9 @@ def open_backend(name: str | Backend, options: dict[str, Any] | None = None, str
         if options:
             raise ValueError("backend_options apply to a backend given by name, not to a backend object")
         if not isinstance(name, Backend):
-            raise TypeError(f"backend {name!r} is neither a registered name nor an hpckpt.storage.base.Backend")
+            raise TypeError(
+                f"backend {name!r} is neither a registered name nor an hpckpt.storage.base.Backend"
+            )
         return name
     made = backend_class(name)
     options = dict(options or {})

@@ -68,11 +68,15 @@ def _load() -> Any:
         "adios2_declare_io": (pointer, [pointer, ctypes.c_char_p]),
         "adios2_set_engine": (status, [pointer, ctypes.c_char_p]),
         "adios2_set_parameter": (status, [pointer, ctypes.c_char_p, ctypes.c_char_p]),
-        "adios2_define_variable": (pointer, [pointer, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, _SIZES, _SIZES,
-                                             _SIZES, ctypes.c_int]),
+        "adios2_define_variable": (
+            pointer,
+            [pointer, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, _SIZES, _SIZES, _SIZES, ctypes.c_int],
+        ),
         "adios2_set_selection": (status, [pointer, ctypes.c_size_t, _SIZES, _SIZES]),
-        "adios2_define_variable_attribute": (pointer, [pointer, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
-                                                       ctypes.c_char_p, ctypes.c_char_p]),
+        "adios2_define_variable_attribute": (
+            pointer,
+            [pointer, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p],
+        ),
         "adios2_open": (pointer, [pointer, ctypes.c_char_p, ctypes.c_int]),
         "adios2_begin_step": (status, [pointer, ctypes.c_int, ctypes.c_float, ctypes.POINTER(ctypes.c_int)]),
         "adios2_put": (status, [pointer, pointer, ctypes.c_void_p, ctypes.c_int]),
@@ -86,7 +90,7 @@ def _load() -> Any:
         "adios2_variable_count": (status, [_SIZES, pointer]),
         "adios2_set_block_selection": (status, [pointer, ctypes.c_size_t]),
         "adios2_get": (status, [pointer, pointer, ctypes.c_void_p, ctypes.c_int]),
-    }  # fmt: skip
+    }
     library = types.SimpleNamespace()
     for name, (restype, argtypes) in signatures.items():
         function = next(getattr(lib, name) for lib in libraries if hasattr(lib, name))
@@ -101,8 +105,10 @@ def _open_library(package: Any, name: str) -> ctypes.CDLL:
     beside = Path(package.__file__).parent / f"lib{name}.so"
     found = str(beside) if beside.exists() else ctypes.util.find_library(name)
     if found is None:
-        raise ImportError(f"the adios2 backend writes through ADIOS2's C library lib{name}.so, which is neither next "
-                          "to the adios2 package nor on the library path (see docs/install.md)")
+        raise ImportError(
+            f"the adios2 backend writes through ADIOS2's C library lib{name}.so, which is neither next "
+            "to the adios2 package nor on the library path (see docs/install.md)"
+        )
     return ctypes.CDLL(found)
 
 
@@ -127,7 +133,8 @@ def _handle(handle: Any, what: str) -> Any:
 class BP5Step:
     """One step written by every rank of ``comm`` together. Collective: construct and
     :meth:`close` on every rank (a rank that fails between them makes the protocol abort
-    the job, as the others wait inside ADIOS2)."""
+    the job, as the others wait inside ADIOS2).
+    """
 
     def __init__(self, comm: MPI.Comm, path: Path, engine: str, parameters: Mapping[str, str]) -> None:
         from mpi4py import MPI
@@ -140,25 +147,32 @@ class BP5Step:
             _call("adios2_set_parameter", self._io, key.encode(), value.encode())
         self._engine = _handle(c.adios2_open(self._io, str(path).encode(), _MODE_WRITE), "adios2_open")
         step_status = ctypes.c_int()
-        _call("adios2_begin_step", self._engine, _STEP_APPEND, ctypes.c_float(-1.0), ctypes.byref(step_status))
+        _call(
+            "adios2_begin_step", self._engine, _STEP_APPEND, ctypes.c_float(-1.0), ctypes.byref(step_status)
+        )
         self._variables: dict[str, Any] = {}
-        self._deferred: list[np.ndarray] = []  # read by ADIOS2 at the end of the step: kept alive until then
+        # read by ADIOS2 at the end of the step: kept alive until then
+        self._deferred: list[np.ndarray] = []
 
-    def put(self, name: str, kind: str, array: np.ndarray, shape: list[int], start: list[int], count: list[int]) -> None:
+    def put(
+        self, name: str, kind: str, array: np.ndarray, shape: list[int], start: list[int], count: list[int]
+    ) -> None:
         """Put the C-contiguous ``array`` (a native ADIOS2 type) as the box ``start``,
         ``count`` of variable ``name`` (``shape`` empty: a local array); ADIOS2 reads it
-        when the step ends (:meth:`close`), so it must not change before."""
+        when the step ends (:meth:`close`), so it must not change before.
+        """
         c = _load()
         variable = self._variables.get(name)
         if variable is None:
             variable = c.adios2_define_variable(
                 self._io, name.encode(), _TYPE_CODES[array.dtype], len(count), _sizes(shape), _sizes(start),
                 _sizes(count), 0,
-            )  # fmt: skip
+            )
             _handle(variable, f"adios2_define_variable({name!r})")
             kind_text = ctypes.c_char_p(kind.encode())
+            kind_pointer = ctypes.cast(kind_text, ctypes.c_void_p)
             attribute = c.adios2_define_variable_attribute(
-                self._io, b"hpckpt_kind", _STRING, ctypes.cast(kind_text, ctypes.c_void_p), name.encode(), b"/"
+                self._io, b"hpckpt_kind", _STRING, kind_pointer, name.encode(), b"/"
             )
             _handle(attribute, f"adios2_define_variable_attribute({name!r})")
             self._variables[name] = variable
@@ -182,7 +196,8 @@ class BP5Step:
 class BP5File:
     """A BP5 directory open for reading by this process alone, in random-access mode.
     Not collective: a reader that fails cannot hang its peers. Use it as a context
-    manager (closing frees ADIOS2)."""
+    manager (closing frees ADIOS2).
+    """
 
     def __init__(self, path: Path, engine: str) -> None:
         c = _load()
@@ -190,8 +205,8 @@ class BP5File:
         try:
             self._io = _handle(c.adios2_declare_io(self._adios, b"hpckpt-read"), "adios2_declare_io")
             _call("adios2_set_engine", self._io, engine.encode())
-            self._engine = _handle(c.adios2_open(self._io, str(path).encode(), _MODE_READ_RANDOM_ACCESS),
-                                   f"adios2_open({str(path)!r})")  # fmt: skip
+            opened = c.adios2_open(self._io, str(path).encode(), _MODE_READ_RANDOM_ACCESS)
+            self._engine = _handle(opened, f"adios2_open({str(path)!r})")
         except BaseException:
             _call("adios2_finalize", self._adios)
             raise
@@ -224,7 +239,8 @@ class BP5File:
     def read(self, variable: Any, array: np.ndarray, start: list[int] | None, count: list[int]) -> None:
         """Fill C-contiguous ``array`` (``count`` elements per axis, of the variable's
         type) with the box ``start``, ``count`` of the global array ``variable``, or with
-        the whole selected block (``start`` None) of a local one."""
+        the whole selected block (``start`` None) of a local one.
+        """
         code = ctypes.c_int()
         _call("adios2_variable_type", ctypes.byref(code), variable)
         stored = _TYPE_NAMES.get(code.value, f"ADIOS2 type {code.value}")
@@ -232,7 +248,9 @@ class BP5File:
             raise ValueError(f"it holds {stored}, not {array.dtype.name}")
         if list(array.shape) != count or not array.flags.c_contiguous:
             layout = "C-contiguous" if array.flags.c_contiguous else "strided"
-            raise ValueError(f"a box of {count} elements does not fit a {layout} array of shape {list(array.shape)}")
+            raise ValueError(
+                f"a box of {count} elements does not fit a {layout} array of shape {list(array.shape)}"
+            )
         if start is not None:
             _call("adios2_set_selection", variable, len(count), _sizes(start), _sizes(count))
         _call("adios2_get", self._engine, variable, ctypes.c_void_p(array.ctypes.data), _MODE_SYNC)

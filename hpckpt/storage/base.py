@@ -75,7 +75,8 @@ if TYPE_CHECKING:
 
 class Encoded(NamedTuple):
     """A block as a backend stores it: ``stored`` bytes made by ``codec`` (None: the array
-    itself), and ``restored``, what reading them gives back (the array, unless lossy)."""
+    itself), and ``restored``, what reading them gives back (the array, unless lossy).
+    """
 
     stored: np.ndarray
     codec: str | None
@@ -95,7 +96,8 @@ class BlockData:
 class Annotations:
     """What a step says besides its arrays' bytes, for backends that show it to other
     tools (hdf5: attributes and dimension scales): the plain values by path, and the
-    axis names of global arrays (``dims=``) by path."""
+    axis names of global arrays (``dims=``) by path.
+    """
 
     values: Mapping[str, Any] = field(default_factory=dict)
     dims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -109,7 +111,8 @@ Landed = Callable[[BlockData, int], None]  # (request, bytes of its array now in
 class Capabilities:
     """What a backend's ``write`` does beyond the contract (see the module docstring):
     ``writes_in_place``, ``collective_write``, ``shows_annotations`` and
-    ``repairable_in_job``, all off by default."""
+    ``repairable_in_job``, all off by default.
+    """
 
     writes_in_place: bool = False
     collective_write: bool = False
@@ -135,19 +138,22 @@ class GroupLayout(Protocol[ExtentT, StartT]):
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> ExtentT:
         """What the blocks of a group's ``records`` (a leader's, merged from the plans of
-        its ``ranks``) take up, for the groups after it. Pure; called by each leader."""
+        its ``ranks``) take up, for the groups after it. Pure; called by each leader.
+        """
         ...
 
     def group_starts(self, extents: Sequence[ExtentT], headers: Sequence[LeafRecord]) -> list[StartT]:
         """Each group's ``start`` for :meth:`layout`, from every group's
         :meth:`group_extent` in rank order. Rank 0, whose group is first, lays out the
         step's ``headers`` (every record, without blocks) with its own start. Pure;
-        called by rank 0."""
+        called by rank 0.
+        """
         ...
 
     def layout(self, records: Sequence[LeafRecord], start: StartT | None = None) -> tuple[LeafRecord, ...]:
         """``records`` laid out; with a group's ``start``, ``records`` hold the blocks
-        of that group's ranks only, placed as in a layout of all ranks. Pure."""
+        of that group's ranks only, placed as in a layout of all ranks. Pure.
+        """
         ...
 
 
@@ -166,33 +172,39 @@ class Backend(ABC):
     def striped_options(cls, striping: Striping, options: Mapping[str, Any]) -> dict[str, Any]:
         """``options`` with this backend's defaults for the Lustre ``striping`` of the
         step directories (storage/lustre.py) filled in where not given. Pure; called on
-        every rank before the backend is made. Default: unchanged."""
+        every rank before the backend is made. Default: unchanged.
+        """
         return dict(options)
 
     def encode(self, path: str, array: np.ndarray) -> Encoded:
         """The bytes stored for ``array``, a block of leaf ``path`` (compression). Not
         collective; called on each rank before the layout. :meth:`layout` then finds an
-        encoded block's size and codec in ``block.stored_bytes`` and
-        ``["codec"]``, and :meth:`read` decodes (see storage/posix.py). Default: the
-        array as it is."""
+        encoded block's size and codec in ``block.stored_bytes`` and ``block.codec``
+        (it keeps them in the location it gives, with
+        :func:`~hpckpt.model.records.encoded_location`), and :meth:`read` decodes (see
+        storage/posix.py). Default: the array as it is.
+        """
         return Encoded(array, None, array)
 
     def stores_exactly(self, path: str) -> bool:
         """Whether a restore gives back leaf ``path``'s bytes exactly: False where
         :meth:`encode` is lossy for it, whose small Local blocks are then not packed
-        with others (model/layout.py). Pure. Default: True."""
+        with others (model/layout.py). Pure. Default: True.
+        """
         return True
 
     @abstractmethod
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
         """``records`` with their storage locations filled in. Pure and deterministic:
         the same records give the same layout on any rank. Called by the rank that lays
-        out the step (rank 0, unless a :class:`GroupLayout`)."""
+        out the step (rank 0, unless a :class:`GroupLayout`).
+        """
 
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
         """What each rank of ``ranks`` passes to :meth:`write` as its ``records``, of the
         laid-out ``records`` (rank 0 passes them all, unless laid out in groups). Pure;
-        computed once per layout. Default: every record, with only that rank's blocks."""
+        computed once per layout. Default: every record, with only that rank's blocks.
+        """
         return records_by_rank(records, ranks)
 
     @abstractmethod
@@ -216,17 +228,20 @@ class Backend(ABC):
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` with its stored block, reporting the bytes in
         place to ``landed`` (see the module). Independent, per rank: no collective
-        calls, so a rank that fails while reading cannot leave others waiting."""
+        calls, so a rank that fails while reading cannot leave others waiting.
+        """
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that rank ``rank`` of ``size``
         may have written: it makes them durable before the commit. Pure; called on
-        every rank. Default: all."""
+        every rank. Default: all.
+        """
         return list(files)
 
     def metadata_files(self, files: Sequence[str]) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that the library parses but no
         block checksum covers (indexes, metadata). The commit checksums them whole and
         restore checks them before the library opens the step. Pure; called on rank 0.
-        Default: none."""
+        Default: none.
+        """
         return []

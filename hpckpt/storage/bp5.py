@@ -52,7 +52,11 @@ if TYPE_CHECKING:
 DIRECTORY_NAME = "data.bp"
 READ_SLAB = 16 << 20  # bytes per read of a global box: under glibc's 32 MiB mmap threshold, so reused
 _DATA_FILE = re.compile(r"^data\.\d+$")
-DEFAULT_PARAMETERS: dict[str, str] = {"Profile": "Off", "AggregationType": "EveryoneWrites", "StatsLevel": "0"}
+DEFAULT_PARAMETERS: dict[str, str] = {
+    "Profile": "Off",
+    "AggregationType": "EveryoneWrites",
+    "StatsLevel": "0",
+}
 ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
 ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
 _NATIVE_TYPES = {
@@ -142,7 +146,8 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
     ) -> tuple[LeafRecord, ...]:
         """Variables are named by leaf path; local blocks get their ADIOS2 block id: their
         index among the blocks holding bytes, in rank order (after the ``start`` of a
-        group's, per Local leaf)."""
+        group's, per Local leaf).
+        """
         placed = []
         for record in records:
             location: dict[str, Any] = {"directory": DIRECTORY_NAME, "variable": record.path}
@@ -151,20 +156,28 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
             blocks = record.blocks
             if record.kind == LeafKind.LOCAL:
                 stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
-                ids = {block.rank: index for index, block in enumerate(stored, start=(start or {}).get(record.path, 0))}
+                first_id = (start or {}).get(record.path, 0)
+                ids = {block.rank: index for index, block in enumerate(stored, start=first_id)}
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks = tuple(
-                    Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}, b.members) if b.size else b
+                    Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}, b.members)
+                    if b.size
+                    else b
                     for b in blocks
                 )
             placed.append(
-                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, location, record.encoding)
+                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks, location,
+                           record.encoding)
             )
         return tuple(placed)
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> ADIOS2Extent:
         """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
-        return {record.path: sum(1 for block in record.blocks if block.size) for record in records if record.kind == LeafKind.LOCAL}
+        return {
+            record.path: sum(1 for block in record.blocks if block.size)
+            for record in records
+            if record.kind == LeafKind.LOCAL
+        }
 
     def group_starts(
         self, extents: Sequence[ADIOS2Extent], headers: Sequence[LeafRecord]
@@ -214,7 +227,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         refused before ADIOS2 reads them.
         """
         prefix = DIRECTORY_NAME + "/"
-        return [name for name in files if name.startswith(prefix) and not _DATA_FILE.match(name[len(prefix):])]
+        return [
+            name for name in files if name.startswith(prefix) and not _DATA_FILE.match(name[len(prefix):])
+        ]
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` from ``data.bp``, reporting its bytes to ``landed``
@@ -249,8 +264,12 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
             raise ValueError(f"{path}: variable {record.location['variable']!r}: {exc}") from None
 
     @staticmethod
-    def _read_block(stored: BP5File, path: Path, request: BlockData, variable: Any, landed: Landed | None) -> None:
-        """Read ``request``'s box of ``variable`` in slabs, or its whole local block (see :meth:`read`)."""
+    def _read_block(
+        stored: BP5File, path: Path, request: BlockData, variable: Any, landed: Landed | None
+    ) -> None:
+        """Read ``request``'s box of ``variable`` in slabs, or its whole local block (see
+        :meth:`read`).
+        """
         record, block = request.record, request.block
         shape, start, count = _selection(record, block)
         target = _stored_view(request.array, record.location.get("encoding") == "bytes")
@@ -258,7 +277,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
             block_id = block.location["block_id"]
             stored_count = stored.block_count(variable, block_id)
             if stored_count != count:
-                raise KeyError(f"{path}: block {block_id} of {record.path!r} has count {stored_count}, not {count}")
+                raise KeyError(
+                    f"{path}: block {block_id} of {record.path!r} has count {stored_count}, not {count}"
+                )
             stored.read(variable, target, None, count)
             if landed is not None:
                 landed(request, request.array.nbytes)
@@ -270,6 +291,8 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         rows = max(1, READ_SLAB // row_bytes)
         for first in range(0, count[0], rows):
             last = min(count[0], first + rows)
-            stored.read(variable, target[first:last], [start[0] + first] + start[1:], [last - first] + count[1:])
+            stored.read(
+                variable, target[first:last], [start[0] + first] + start[1:], [last - first] + count[1:]
+            )
             if landed is not None:
                 landed(request, last * row_bytes)

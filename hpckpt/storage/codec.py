@@ -114,7 +114,11 @@ def check_lossy(tolerances: Mapping[str, float] | None) -> dict[str, float]:
     """Leaf-path patterns and their absolute error bounds, checked; ValueError if not positive."""
     checked = {}
     for pattern, tolerance in (tolerances or {}).items():
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 < tolerance < math.inf:
+        if (
+            isinstance(tolerance, bool)
+            or not isinstance(tolerance, (int, float))
+            or not 0 < tolerance < math.inf
+        ):
             raise ValueError(f"lossy tolerance of {pattern!r} must be a positive number, got {tolerance!r}")
         checked[str(pattern)] = float(tolerance)
     if checked:
@@ -124,7 +128,12 @@ def check_lossy(tolerances: Mapping[str, float] | None) -> dict[str, float]:
 
 def lossy_applies(array: np.ndarray) -> bool:
     """Whether ZFP can store ``array``: float32 or float64, 1 to 4 dimensions, not empty."""
-    return array.dtype in (np.float32, np.float64) and array.dtype.isnative and 1 <= array.ndim <= 4 and array.size > 0
+    return (
+        array.dtype in (np.float32, np.float64)
+        and array.dtype.isnative
+        and 1 <= array.ndim <= 4
+        and array.size > 0
+    )
 
 
 def within_tolerance(restored: np.ndarray, array: np.ndarray, tolerance: float) -> bool:
@@ -136,7 +145,8 @@ def within_tolerance(restored: np.ndarray, array: np.ndarray, tolerance: float) 
     flat_restored, flat_array = restored.reshape(-1), array.reshape(-1)
     step = _PIECE // 8
     for start in range(0, flat_array.size, step):
-        error = np.abs(np.subtract(flat_restored[start : start + step], flat_array[start : start + step], dtype=np.float64))
+        piece = slice(start, start + step)
+        error = np.abs(np.subtract(flat_restored[piece], flat_array[piece], dtype=np.float64))
         if not (error <= tolerance).all():  # a NaN compares False
             return False
     return True
@@ -151,12 +161,15 @@ def encode_lossy(array: np.ndarray, tolerance: float) -> np.ndarray:
 
 def decode_lossy(stored: np.ndarray, into: np.ndarray) -> None:
     """Decompress ``stored`` (from :func:`encode_lossy`) into ``into``; ValueError if it does
-    not verify or does not hold an array of ``into``'s shape and dtype."""
+    not verify or does not hold an array of ``into``'s shape and dtype.
+    """
     if stored.size < 8 or int(stored[:8].view("<u8")[0]) != int(block_checksum(stored[8:]), 16):
         raise ValueError("ZFP stream does not match its stored checksum")
     restored = _zfpy().decompress_numpy(stored[8:].tobytes())
     if restored.shape != into.shape or restored.dtype != into.dtype:
-        raise ValueError(f"ZFP stream holds {restored.dtype} {restored.shape}, expected {into.dtype} {into.shape}")
+        raise ValueError(
+            f"ZFP stream holds {restored.dtype} {restored.shape}, expected {into.dtype} {into.shape}"
+        )
     into[...] = restored
 
 

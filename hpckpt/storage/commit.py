@@ -100,9 +100,10 @@ def sync_files(directory: Path, names: Iterable[str]) -> dict[str, int]:
 
 
 def write_durably(path: Path, text: str) -> None:
-    """Write ``text`` to the new file ``path`` and fsync it. Not collective. (The directory
+    """Write ``text`` to the new file ``path`` and fsync it. Not collective. The directory
     entry is made durable by an fsync of the directory: the commit's, or the writer's
-    own through :func:`sync_directory` when another node commits.)"""
+    own through :func:`sync_directory` when another node commits.
+    """
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     with open(descriptor, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -129,7 +130,8 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 
 def _exchange(first: Path, second: Path) -> bool:
     """Swap two directory entries atomically (``renameat2(RENAME_EXCHANGE)``); False where
-    the kernel or file system cannot."""
+    the kernel or file system cannot.
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     renameat2 = getattr(libc, "renameat2", None)
     if renameat2 is None:
@@ -172,8 +174,8 @@ def replace_directory(temp: Path, final: Path, *, fault_points: str | None = Non
 
 class RunDirectory:
     """The committed steps of one run: their paths and listing, the preparation of a
-    new step and its atomic commit. (Retention is in :mod:`~hpckpt.storage.retention`,
-    the integrity checks of committed files in :mod:`~hpckpt.storage.integrity`.)
+    new step and its atomic commit. Retention is in :mod:`~hpckpt.storage.retention`,
+    the integrity checks of committed files in :mod:`~hpckpt.storage.integrity`.
 
     Not collective: the protocol calls these methods on rank 0 only and shares the
     results.
@@ -211,18 +213,24 @@ class RunDirectory:
         readers = self.readers_of(step) if self.manifest_path(step).exists() else []
         if readers:
             raise InvalidStateError(
-                f"cannot save step {step} again in {self.root}: incremental steps {readers} read blocks of the "
-                "committed one; save under a new step number"
+                f"cannot save step {step} again in {self.root}: incremental steps {readers} read blocks "
+                "of the committed one; save under a new step number"
             )
         temp = self.temp_path(step)
         if temp.exists():
             shutil.rmtree(temp)
         recycle = self.root / RECYCLE_NAME
-        spare = {entry.name: _tree_size(Path(entry.path)) for entry in os.scandir(recycle)} if recycle.is_dir() else {}
+        spare: dict[str, int] = {}
+        if recycle.is_dir():
+            spare = {entry.name: _tree_size(Path(entry.path)) for entry in os.scandir(recycle)}
         free = shutil.disk_usage(self.root).free + sum(spare.values())
         if needed_bytes and free < needed_bytes + SPACE_SLACK:
             steps = self.committed_steps()
-            kept = f"committed steps {', '.join(map(str, steps))} are intact" if steps else "no step is committed yet"
+            kept = (
+                f"committed steps {', '.join(map(str, steps))} are intact"
+                if steps
+                else "no step is committed yet"
+            )
             raise NoSpaceError(
                 errno.ENOSPC,
                 f"no space left for step {step} in {self.root}: it needs {_mib(needed_bytes + SPACE_SLACK)} "
@@ -264,7 +272,9 @@ class RunDirectory:
                 sizes[name] = durable_sizes[name]
             else:
                 raise RuntimeError(f"commit of step {step}: no writer made {temp / name} durable")
-        checksums: dict[str, str | None] = {name: file_checksum(temp / name) for name in manifest.file_checksums}
+        checksums: dict[str, str | None] = {
+            name: file_checksum(temp / name) for name in manifest.file_checksums
+        }
         manifest = replace(manifest, files=sizes, file_checksums=checksums)
         point("commit.manifest")
         write_durably(temp / MANIFEST_NAME, manifest.to_json())
@@ -283,7 +293,8 @@ class RunDirectory:
         """
         if step not in self._references:
             try:
-                self._references[step] = frozenset(referenced_steps(self.manifest(step, wanted=lambda _shard: False)))
+                header = self.manifest(step, wanted=lambda _shard: False)
+                self._references[step] = frozenset(referenced_steps(header))
             except CorruptCheckpointError:
                 return frozenset()
         return self._references[step]
@@ -299,7 +310,8 @@ class RunDirectory:
     def manifest(self, step: int, wanted: Callable[[Shard], bool] | None = None) -> Manifest:
         """The parsed manifest of committed step ``step``, with the blocks of its shards
         (those ``wanted``, or all: :meth:`Manifest.from_json`); CorruptCheckpointError if
-        unusable."""
+        unusable.
+        """
         path = self.manifest_path(step)
         try:
             text = self.read_manifest(step)

@@ -115,7 +115,8 @@ def _address(view: memoryview) -> int:
 def _write_direct(descriptor: int, view: memoryview, offset: int) -> bool:
     """Write page-aligned ``view`` at page-aligned ``offset`` directly: from its own memory
     when that is page-aligned, else through bounce buffers. False (nothing known to be
-    written, so the caller writes it all again buffered) where the file system refuses."""
+    written, so the caller writes it all again buffered) where the file system refuses.
+    """
     try:
         if _address(view) % ALIGNMENT == 0:
             _pwrite_direct(descriptor, view, offset)
@@ -140,7 +141,8 @@ def _pwrite_direct(descriptor: int, view: memoryview, offset: int) -> None:
 
 def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
     """Copy ``view`` into the bounce buffers piece by piece while a helper thread writes
-    the previous piece (both release the GIL)."""
+    the previous piece (both release the GIL).
+    """
     source = np.frombuffer(view, dtype=np.uint8)
     buffers = [_BOUNCE.take(BOUNCE_BYTES), _BOUNCE.take(BOUNCE_BYTES)]
     free: SimpleQueue[np.ndarray] = SimpleQueue()
@@ -180,13 +182,15 @@ def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
 def _contiguous_runs(pieces: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[memoryview]]]:
     """``pieces`` (sorted by offset) as runs that follow each other in the file:
     (offset, views), each run at most ``_MAX_VIEWS`` views and ``_MAX_IO`` bytes, so
-    10,000 small blocks cost 10 calls."""
+    10,000 small blocks cost 10 calls.
+    """
     runs: list[tuple[int, list[memoryview]]] = []
     end = -1
     for offset, view in pieces:
         if not len(view):
             continue
-        if runs and offset == end and len(runs[-1][1]) < _MAX_VIEWS and end - runs[-1][0] + len(view) <= _MAX_IO:
+        follows = bool(runs) and offset == end and len(runs[-1][1]) < _MAX_VIEWS
+        if follows and end - runs[-1][0] + len(view) <= _MAX_IO:
             runs[-1][1].append(view)
         else:
             runs.append((offset, [view]))

@@ -9,14 +9,19 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
 - a local leaf ``a/b`` is the 1-D dataset ``/a/b`` of its dtype holding every rank's
   block, flattened in C order, one after the other in rank order; a block's
   ``location`` in the manifest gives its first element (``"start"``) and the leaf's
-  the dataset's length (``"elements"``). (Older steps hold the group ``/a/b`` with a
+  the dataset's length (``"elements"``). (Older writers made the group ``/a/b`` with a
   dataset per rank, ``rank-00003``, which hpckpt still reads: at 100,000 ranks, rank 0
-  spent 21 s creating them; :func:`~hpckpt.storage.hdf5_layout.in_dataset_per_rank`);
+  spent 21 s creating them);
 - a partial array (an incremental step's changed blocks, one rank's own checkpoint) is
   concatenated the same way: the 1-D dataset ``/a/b`` holds its blocks one after the
-  other, each flattened in C order, from the element ``"start"`` (older steps: a
-  dataset per block, ``/a/b/rank-00003``, which hpckpt still reads);
+  other, each flattened in C order, from the element ``"start"`` (older writers: a
+  dataset per block, ``/a/b/rank-00003``, or a chunked dataset of the global shape,
+  which hpckpt still reads);
 - every dataset has the attribute ``hpckpt_kind``.
+
+Which of these layouts holds a block is told in one place,
+:func:`~hpckpt.storage.hdf5_layout.stored_layout` (its docstring says which writers and
+manifest versions made each).
 
 A ``data.h5`` already in the step directory (recycled by retention from the deleted
 step) whose datasets are exactly those of the new step (same paths, shapes, dtypes,
@@ -60,7 +65,16 @@ from .hdf5_files import (
     read_runs,
     set_value_attributes,
 )
-from .hdf5_layout import FILE_NAME, START, dataset_name, dataset_shape, in_dataset_per_rank, placed
+from .hdf5_layout import (
+    FILE_NAME,
+    HDF5Layout,
+    block_start,
+    dataset_name,
+    dataset_path,
+    dataset_shape,
+    placed,
+    stored_layout,
+)
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -126,25 +140,37 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
         self.direct_io = bool(direct_io)
 
-    def layout(self, records: Sequence[LeafRecord], start: HDF5Start | None = None) -> tuple[LeafRecord, ...]:
+    def layout(
+        self, records: Sequence[LeafRecord], start: HDF5Start | None = None
+    ) -> tuple[LeafRecord, ...]:
         """Each leaf lives in ``data.h5`` at the dataset of its path; a block of a Local
         leaf or of a partial array at its first element there (after the ``start`` of a
         group's, which names those leaves: per leaf, the elements of the earlier groups'
-        blocks and of every rank's)."""
+        blocks and of every rank's).
+        """
         return tuple(placed(record, start) for record in records)
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> HDF5Extent:
         """Per Local and distributed leaf, the elements of the group's blocks."""
-        return {record.path: sum(block.size for block in record.blocks) for record in records if record.kind != LeafKind.REPLICATED}
+        return {
+            record.path: sum(block.size for block in record.blocks)
+            for record in records
+            if record.kind != LeafKind.REPLICATED
+        }
 
     def group_starts(self, extents: Sequence[HDF5Extent], headers: Sequence[LeafRecord]) -> list[HDF5Start]:
         """Per group, per leaf whose blocks are concatenated: the elements before it,
         and every rank's. Those are the Local leaves and the partial arrays: distributed
         leaves whose blocks, added up over the groups, do not fill them (an incremental
-        step reuses the others)."""
+        step reuses the others).
+        """
         starts, totals = running_totals(extents)
-        joined = [header.path for header in headers if header.path in totals
-                  and (header.kind == LeafKind.LOCAL or totals[header.path] < math.prod(header.whole_shape))]  # fmt: skip
+        joined = [
+            header.path
+            for header in headers
+            if header.path in totals
+            and (header.kind == LeafKind.LOCAL or totals[header.path] < math.prod(header.whole_shape))
+        ]
         return [{path: (start[path], totals[path]) for path in joined} for start in starts]
 
     def write(
@@ -181,16 +207,23 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
             raise error
         if failure is not None:
             raise OSError(f"rank 0 could not lay out {path}: {failure}")
-        pieces = [piece for data in blocks if data.block.size
-                  for piece in file_pieces(data, offsets[data.record.location["dataset"]])]  # fmt: skip
+        pieces = [
+            piece
+            for data in blocks
+            if data.block.size
+            for piece in file_pieces(data, offsets[dataset_path(data.record)])
+        ]
         direct.write_pieces(path, pieces, self.direct_io)
         return [FILE_NAME]
 
-    def _lay_out_file(self, path: Path, records: Sequence[LeafRecord], annotations: Annotations) -> dict[str, int | None]:
+    def _lay_out_file(
+        self, path: Path, records: Sequence[LeafRecord], annotations: Annotations
+    ) -> dict[str, int | None]:
         """Create ``path`` with every dataset of ``records`` and the axis names of
         ``annotations`` as dimension scales (or reuse a recycled file with exactly that
         layout), its plain values as root attributes; each dataset's file offset by name
-        (None: an empty array, which has no storage). Serial (rank 0)."""
+        (None: an empty array, which has no storage). Serial (rank 0).
+        """
         digest = layout_digest(records, annotations.dims)
         recycled = self._recycled_offsets(path, digest, records, annotations.values)
         if recycled is not None:
@@ -202,19 +235,22 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
             options = {"alignment_threshold": direct.DIRECT_MIN, "alignment_interval": direct.ALIGNMENT}
         with self._h5py.File(path, "w", **options) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
-            created = {record.location["dataset"]: self._create(h5, record) for record in records}
+            created = {dataset_path(record): self._create(h5, record) for record in records}
             attach_dimension_scales(h5, records, annotations.dims)
             set_value_attributes(h5, annotations.values)
-            h5.attrs[LAYOUT_ATTRIBUTE] = digest  # a recycled copy of the file may be written in place
+            # a recycled copy of the file may be written in place
+            h5.attrs[LAYOUT_ATTRIBUTE] = digest
             return {name: dataset_id.get_offset() for name, dataset_id in created.items()}
 
-    def _recycled_offsets(self, path: Path, digest: str, records: Sequence[LeafRecord],
-                          values: Mapping[str, Any]) -> dict[str, int | None] | None:  # fmt: skip
+    def _recycled_offsets(
+        self, path: Path, digest: str, records: Sequence[LeafRecord], values: Mapping[str, Any]
+    ) -> dict[str, int | None] | None:
         """Each dataset's file offset by name, if ``path`` exists and holds exactly the
         contiguous datasets of the layout ``digest`` names (hpckpt created it for that
         layout: its ``hpckpt_layout`` attribute; reading it costs one attribute, where
         listing every dataset cost 0.12 ms each), with its value attributes replaced by
-        ``values``; else None. One open of the file."""
+        ``values``; else None. One open of the file.
+        """
         if not path.exists():
             return None
         try:
@@ -222,7 +258,8 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
                 if h5.attrs.get(LAYOUT_ATTRIBUTE) != digest:
                     return None
                 set_value_attributes(h5, values)
-                return {record.location["dataset"]: open_dataset(h5, record.location["dataset"]).get_offset() for record in records}
+                names = [dataset_path(record) for record in records]
+                return {name: open_dataset(h5, name).get_offset() for name in names}
         except (OSError, KeyError):  # not HDF5, or damaged: created anew
             return None
 
@@ -239,7 +276,8 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         HDF5 opens the file and checks each dataset against the manifest; the bytes of a
         contiguous dataset are then read with ``preadv`` at its file offset (the mirror of
         :meth:`write`: no GIL held, and in pieces that are checksummed while the next is
-        read); any other dataset (chunked, from hpckpt before 2026-12) through HDF5.
+        read); any other dataset (chunked: a partial array of a step of version 1 or 2,
+        :func:`~hpckpt.storage.hdf5_layout.stored_layout`) through HDF5.
         """
         if not requests:
             return
@@ -251,17 +289,11 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
                 for request in requests:
                     record, block = request.record, request.block
                     name = dataset_name(record, block)
-                    per_rank = in_dataset_per_rank(record, block)
                     dataset_id = open_dataset(h5, name)
-                    if per_rank:
-                        expected, offset, out = block.shape, (0,) * len(block.shape), request.array
-                    elif START in block.location:  # its elements, flattened, among the leaf's other blocks
-                        expected = concatenated_extent(dataset_id, f"{path}:{name}", block)
-                        offset, out = (block.location[START],), request.array.reshape(-1)
-                    else:
-                        expected, offset, out = record.whole_shape, block.offset, request.array
-                    dataset_offset = check_dataset(dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype),
-                                                    file_size)  # fmt: skip
+                    expected, offset, out = _selection(dataset_id, f"{path}:{name}", request)
+                    dataset_offset = check_dataset(
+                        dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size
+                    )
                     if dataset_offset is None:
                         read_box(dataset_id, offset, out)
                         if landed is not None:
@@ -273,3 +305,19 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
             os.close(descriptor)
 
 
+def _selection(
+    dataset_id: Any, name: str, request: BlockData
+) -> tuple[tuple[int, ...], tuple[int, ...], np.ndarray]:
+    """Where ``request``'s block is in dataset ``name`` (``dataset_id``), by its
+    :func:`~hpckpt.storage.hdf5_layout.stored_layout`: the shape the dataset must have,
+    the block's offset in it, and the array to fill in its C order (flattened, of a
+    concatenated block).
+    """
+    record, block = request.record, request.block
+    layout = stored_layout(record, block)
+    if layout is HDF5Layout.DATASET_PER_RANK:
+        return block.shape, (0,) * len(block.shape), request.array
+    if layout is HDF5Layout.CONCATENATED:  # its elements, flattened, among the leaf's other blocks
+        expected = concatenated_extent(dataset_id, name, block)
+        return expected, (block_start(block),), request.array.reshape(-1)
+    return record.whole_shape, block.offset, request.array

@@ -16,87 +16,110 @@ import numpy as np
 
 from ..model.manifest import Block, LeafRecord
 from .base import BlockData
-from .hdf5_layout import START, concatenated, dataset_shape
+from .hdf5_layout import HDF5Layout, block_start, concatenated, dataset_path, dataset_shape, stored_layout
 from .positioned import read_into
 
 
 class StoredBox(NamedTuple):
     """A box of a contiguous dataset of ``shape`` whose storage starts at file byte
-    ``dataset_offset``: the box's ``offset`` in it."""
+    ``dataset_offset``: the box's ``offset`` in it.
+    """
 
     dataset_offset: int
     shape: tuple[int, ...]
     offset: tuple[int, ...]
 
 
-def check_dataset(dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int) -> int | None:
+def check_dataset(
+    dataset_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, file_size: int
+) -> int | None:
     """Refuse (KeyError, saying what differs) a dataset whose shape, dtype or storage is not
     what the manifest declares, before HDF5 reads it: the file has no metadata checksums,
     and a damaged datatype or extent could make the read allocate or convert gigabytes.
     Returns the file offset of a contiguous dataset's storage; None for a chunked or
-    unallocated one."""
+    unallocated one.
+    """
     from h5py import h5d
 
     if dataset_id.shape != shape:
         raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected {shape}")
     try:
         stored_dtype = dataset_id.dtype
-    except (TypeError, ValueError) as exc:  # a datatype NumPy has no dtype for (e.g. a 20-byte integer)
-        raise KeyError(f"dataset {name} has a datatype hpckpt cannot read ({exc}), expected {dtype}") from exc
+    except (TypeError, ValueError) as exc:
+        # a datatype NumPy has no dtype for (e.g. a 20-byte integer)
+        raise KeyError(
+            f"dataset {name} has a datatype hpckpt cannot read ({exc}), expected {dtype}"
+        ) from exc
     if stored_dtype != dtype:
         raise KeyError(f"dataset {name} has dtype {stored_dtype}, expected {dtype}")
     layout = dataset_id.get_create_plist().get_layout()
     stored = dataset_id.get_storage_size()
     if layout == h5d.CONTIGUOUS:
         offset = dataset_id.get_offset()
-        if offset is not None and (stored != math.prod(shape) * dtype.itemsize or offset + stored > file_size):
+        size = math.prod(shape) * dtype.itemsize
+        if offset is not None and (stored != size or offset + stored > file_size):
             raise KeyError(
                 f"dataset {name} claims {stored} bytes at offset {offset}; expected "
-                f"{math.prod(shape) * dtype.itemsize} bytes inside the file's {file_size}"
+                f"{size} bytes inside the file's {file_size}"
             )
         return offset
-    if layout != h5d.CHUNKED or stored > file_size:  # chunked: partial arrays of early versions
-        raise KeyError(f"dataset {name} has layout {layout} with {stored} bytes stored; hpckpt writes contiguous "
-                       f"datasets inside the file's {file_size} bytes")
+    if layout != h5d.CHUNKED or stored > file_size:  # chunked: partial arrays of versions 1 and 2
+        raise KeyError(
+            f"dataset {name} has layout {layout} with {stored} bytes stored; hpckpt writes contiguous "
+            f"datasets inside the file's {file_size} bytes"
+        )
     return None
 
 
 def concatenated_extent(dataset_id: Any, name: str, block: Block) -> tuple[int, ...]:
     """The shape of the concatenation that holds ``block`` from its ``"start"``:
-    KeyError, saying what differs, unless it is 1-D and holds the block's elements. (Its
+    KeyError, saying what differs, unless it is 1-D and holds the block's elements. Its
     length is the step's that wrote it: an incremental step's leaf may hold its own
-    blocks and reuse others from an earlier step's dataset of another length.)"""
-    start = block.location[START]
+    blocks and reuse others from an earlier step's dataset of another length.
+    """
+    start = block_start(block)
     if len(dataset_id.shape) != 1 or not 0 <= start <= start + block.size <= dataset_id.shape[0]:
-        raise KeyError(f"dataset {name} has shape {dataset_id.shape}, expected a 1-D dataset holding elements "
-                       f"{start} to {start + block.size} (rank {block.rank}'s block)")  # fmt: skip
+        raise KeyError(
+            f"dataset {name} has shape {dataset_id.shape}, expected a 1-D dataset holding elements "
+            f"{start} to {start + block.size} (rank {block.rank}'s block)"
+        )
     return tuple(dataset_id.shape)
 
 
 def layout_digest(records: Sequence[LeafRecord], dims: Mapping[str, tuple[str, ...]]) -> str:
-    """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds, and of their axis names."""
-    listing = sorted((record.location["dataset"], list(dataset_shape(record)), np.dtype(record.dtype).str)
-                     for record in records)  # fmt: skip
+    """A digest of the datasets (names, shapes, dtypes) a file of ``records`` holds, and of
+    their axis names.
+    """
+    listing = sorted(
+        (dataset_path(record), list(dataset_shape(record)), np.dtype(record.dtype).str)
+        for record in records
+    )
     named = sorted((path, list(names)) for path, names in dims.items())
     return hashlib.sha256(json.dumps([listing, named]).encode()).hexdigest()
 
 
-def attach_dimension_scales(h5: Any, records: Sequence[LeafRecord], dims: Mapping[str, tuple[str, ...]]) -> None:
+def attach_dimension_scales(
+    h5: Any, records: Sequence[LeafRecord], dims: Mapping[str, tuple[str, ...]]
+) -> None:
     """Name the axes of each global array that has ``dims``: one dimension scale per axis
     name at the file's root (netCDF-4's dimensions, which h5netcdf and xarray show),
-    attached to the datasets. ValueError for a name given two lengths, or taken by a leaf."""
+    attached to the datasets. ValueError for a name given two lengths, or taken by a leaf.
+    """
     lengths: dict[str, tuple[int, str]] = {}
     named = [record for record in records if dims.get(record.path) and not concatenated(record)]
     for record in named:
         for name, length in zip(dims[record.path], record.whole_shape):
             first = lengths.setdefault(name, (length, record.path))
             if first[0] != length:
-                raise ValueError(f"axis {name!r} has length {first[0]} in leaf {first[1]!r} but {length} in "
-                                 f"{record.path!r}; axes of one name must have one length")  # fmt: skip
+                raise ValueError(
+                    f"axis {name!r} has length {first[0]} in leaf {first[1]!r} but {length} in "
+                    f"{record.path!r}; axes of one name must have one length"
+                )
     for name, (length, _) in lengths.items():
         if name in h5:
             raise ValueError(f"axis name {name!r} is also the path of a leaf; give the axis another name")
-        scale = h5.create_dataset(name, shape=(length,), dtype="f4")  # no storage: a dimension, not a variable
+        # no storage: a dimension, not a variable
+        scale = h5.create_dataset(name, shape=(length,), dtype="f4")
         scale.make_scale(f"This is a netCDF dimension but not a netCDF variable.{length:10d}")
     for record in named:
         dataset = h5[record.path]
@@ -107,11 +130,16 @@ def attach_dimension_scales(h5: Any, records: Sequence[LeafRecord], dims: Mappin
 def set_value_attributes(h5: Any, values: Mapping[str, Any]) -> None:
     """The plain values as attributes of the file's root, named by path (None and
     integers beyond 64 bits are left out; so are paths starting with ``hpckpt``, the
-    names of hpckpt's own attributes), replacing those of an earlier step."""
+    names of hpckpt's own attributes), replacing those of an earlier step.
+    """
     for name in [name for name in h5.attrs if not name.startswith("hpckpt")]:
         del h5.attrs[name]
     for path, value in values.items():
-        if path.startswith("hpckpt") or value is None or (isinstance(value, int) and not -(2**63) <= value < 2**63):
+        if (
+            path.startswith("hpckpt")
+            or value is None
+            or (isinstance(value, int) and not -(2**63) <= value < 2**63)
+        ):
             continue
         h5.attrs[path] = value
 
@@ -124,6 +152,7 @@ def open_dataset(h5: Any, name: str) -> Any:
 
 
 def selections(dataset_id: Any, offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """The (memory, file) dataspaces that select the box ``offset``, ``shape`` of ``dataset_id``."""
     from h5py import h5s
 
     file_space = dataset_id.get_space()
@@ -142,7 +171,8 @@ def new_dataset(parent_id: Any, name: str, shape: tuple[int, ...], dtype: np.dty
     """Create dataset ``name`` under ``parent_id`` (intermediate groups too): contiguous,
     its storage allocated now and never filled, so ``get_offset`` gives its bytes' place
     in the file. The low-level call: h5py's ``create_dataset`` leaves a scalar dataset
-    unallocated."""
+    unallocated.
+    """
     from h5py import h5d, h5p, h5s, h5t
 
     properties = h5p.create(h5p.DATASET_CREATE)
@@ -152,12 +182,17 @@ def new_dataset(parent_id: Any, name: str, shape: tuple[int, ...], dtype: np.dty
     links = h5p.create(h5p.LINK_CREATE)
     links.set_create_intermediate_group(True)
     space = h5s.create(h5s.SCALAR) if not shape else h5s.create_simple(shape)
-    return h5d.create(parent_id, name.encode(), h5t.py_create(dtype, logical=True), space, dcpl=properties, lcpl=links)
+    return h5d.create(
+        parent_id, name.encode(), h5t.py_create(dtype, logical=True), space, dcpl=properties, lcpl=links
+    )
 
 
-def file_runs(global_shape: tuple[int, ...], offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+def file_runs(
+    global_shape: tuple[int, ...], offset: tuple[int, ...], shape: tuple[int, ...]
+) -> tuple[np.ndarray, int]:
     """Where a box of a C-order array lies in it: the element offsets of its contiguous
-    runs (in the box's own C order) and the elements per run. Pure."""
+    runs (in the box's own C order) and the elements per run. Pure.
+    """
     if not shape:
         return np.zeros(1, dtype=np.int64), 1
     axis = len(shape) - 1
@@ -171,21 +206,25 @@ def file_runs(global_shape: tuple[int, ...], offset: tuple[int, ...], shape: tup
 
 def file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int, memoryview]]:
     """Where ``data``'s bytes go in the file, whose dataset storage starts at
-    ``dataset_offset``: (file offset, bytes) of each contiguous run."""
+    ``dataset_offset``: (file offset, bytes) of each contiguous run.
+    """
     record, block = data.record, data.block
     if dataset_offset is None:
-        raise OSError(f"dataset {record.location['dataset']} has no contiguous storage to write into")
+        raise OSError(f"dataset {dataset_path(record)} has no contiguous storage to write into")
     itemsize = np.dtype(record.dtype).itemsize
     raw = data.array.reshape(-1).view(np.uint8).data
-    if START in block.location:
-        return [(dataset_offset + block.location[START] * itemsize, raw)]
+    if stored_layout(record, block) is HDF5Layout.CONCATENATED:
+        return [(dataset_offset + block_start(block) * itemsize, raw)]
     starts, run = file_runs(record.whole_shape, block.offset, block.shape)
     run_bytes = run * itemsize
-    return [(dataset_offset + start * itemsize, raw[index * run_bytes : (index + 1) * run_bytes])
-            for index, start in enumerate(starts.tolist())]  # fmt: skip
+    return [
+        (dataset_offset + start * itemsize, raw[index * run_bytes : (index + 1) * run_bytes])
+        for index, start in enumerate(starts.tolist())
+    ]
 
 
 def read_box(dataset_id: Any, offset: tuple[int, ...], out: np.ndarray) -> None:
+    """Fill ``out`` with the box at ``offset`` of ``dataset_id``, through HDF5. Not collective."""
     if out.size == 0:
         return
     memory_space, file_space = selections(dataset_id, offset, out.shape)
@@ -196,7 +235,8 @@ def read_runs(
     descriptor: int, path: Path, box: StoredBox, out: np.ndarray, progress: Callable[[int], None] | None
 ) -> None:
     """Fill ``out`` with ``box`` of the file ``descriptor`` (``path``), run by run in the
-    box's C order; ``progress(bytes in place)`` after each piece. Not collective."""
+    box's C order; ``progress(bytes in place)`` after each piece. Not collective.
+    """
     if out.size == 0:
         return
     dataset_offset, shape, offset = box

@@ -22,7 +22,8 @@ def damaged_files(run_dir: RunDirectory, manifest: Manifest, *, elsewhere: bool 
     """What is wrong with the step's files, and (``elsewhere``) with those of the steps it
     reads blocks of (:func:`damaged_elsewhere`): missing, not of their committed size, or
     (metadata files) not of their committed checksum. Reads only those metadata files,
-    and the other steps' manifests without their shards."""
+    and the other steps' manifests without their shards.
+    """
     problems = _damaged_own_files(run_dir, manifest, manifest.files)
     return problems + damaged_elsewhere(run_dir, [manifest]) if elsewhere else problems
 
@@ -32,7 +33,8 @@ def damaged_elsewhere(run_dir: RunDirectory, parts: Sequence[Manifest]) -> list[
     step: its manifest, or the parts of a group's ranks), checked as
     :func:`damaged_files` checks its own; and every other step the step reads blocks of
     (its blocks' ``in_step``, a sharded manifest's ``in_steps``) whose manifest is
-    unusable. Reads each of those manifests once, without its shards."""
+    unusable. Reads each of those manifests once, without its shards.
+    """
     held: dict[int, set[str]] = {}
     for part in parts:
         for other in referenced_steps(part):

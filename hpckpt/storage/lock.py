@@ -37,7 +37,9 @@ class RunLock:
             self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise InvalidStateError(f"cannot use run directory {self.path.parent}: {exc.strerror} ({exc.filename})") from exc
+            raise InvalidStateError(
+                f"cannot use run directory {self.path.parent}: {exc.strerror} ({exc.filename})"
+            ) from exc
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -48,7 +50,8 @@ class RunLock:
                 "use another directory, or wait for that job to end"
             ) from None
         job = os.environ.get("SLURM_JOB_ID", "-")
-        text = f"host {socket.gethostname()} pid {os.getpid()} slurm job {job} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
+        text = f"host {socket.gethostname()} pid {os.getpid()} slurm job {job} since {since}\n"
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, text.encode(), 0)
         self._descriptor = descriptor

@@ -52,4 +52,5 @@ def set_stripe(directory: Path, striping: Striping) -> None:
     command = [lfs, "setstripe", "-c", str(striping.count), "-S", str(striping.size), str(directory)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        raise OSError(f"{' '.join(command)} failed: {result.stderr.strip() or f'exit status {result.returncode}'}")
+        reason = result.stderr.strip() or f"exit status {result.returncode}"
+        raise OSError(f"{' '.join(command)} failed: {reason}")

@@ -1,10 +1,10 @@
 """The entries of a run directory (docs/format.md): their names and their listing, in one place.
 
-    step-00000010/            committed (with its manifest.json)
-    step-00000020.tmp/        being written, or left by a crash
-    step-00000005.deleting/   being removed by retention
-    step-00000010.replaced/   an older copy of a step saved again, being removed
-    rank-00003/               the uncoordinated protocol's run directory of rank 3
+step-00000010/            committed (with its manifest.json)
+step-00000020.tmp/        being written, or left by a crash
+step-00000005.deleting/   being removed by retention
+step-00000010.replaced/   an older copy of a step saved again, being removed
+rank-00003/               the uncoordinated protocol's run directory of rank 3
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class StepPath(NamedTuple):
 
 def step_entries(directory: Path) -> list[StepPath]:
     """The step entries of ``directory`` (none when it does not exist), by step then
-    suffix. Not collective; reads the directory only (not the manifests)."""
+    suffix. Not collective; reads the directory only (not the manifests).
+    """
     if not directory.is_dir():
         return []
     found = []
@@ -55,7 +56,7 @@ def step_entries(directory: Path) -> list[StepPath]:
 def committed_steps(directory: Path) -> list[int]:
     """The steps of ``directory`` in place with a manifest, oldest first."""
     return [entry.step for entry in step_entries(directory)
-            if not entry.suffix and (entry.path / MANIFEST_NAME).exists()]  # fmt: skip
+            if not entry.suffix and (entry.path / MANIFEST_NAME).exists()]
 
 
 def rank_name(rank: int) -> str:

@@ -1,6 +1,7 @@
 """Positioned reads of whole byte ranges into NumPy arrays, in pieces that a reader can
 checksum while the next piece is read. Used by the backends whose bytes lie at known file
-offsets (posix's segments, hdf5's contiguous datasets). Not collective."""
+offsets (posix's segments, hdf5's contiguous datasets). Not collective.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def read_into(
 ) -> None:
     """Fill C-contiguous ``array`` from byte ``offset`` of open file ``path``, in pieces of
     :data:`READ_PIECE` bytes (``preadv``, no GIL held), calling ``progress(bytes in
-    place)`` after each. A file that ends early raises ``OSError`` saying where."""
+    place)`` after each. A file that ends early raises ``OSError`` saying where.
+    """
     if not array.flags.c_contiguous:
         raise ValueError("positioned reads fill only C-contiguous arrays")
     view = array.reshape(-1).view(np.uint8).data
@@ -26,7 +28,9 @@ def read_into(
     while done < len(view):
         count = os.preadv(descriptor, [view[done : done + READ_PIECE]], offset + done)
         if count == 0:
-            raise OSError(f"{path} ends at byte {offset + done}, expected {len(view) - done} more bytes there")
+            raise OSError(
+                f"{path} ends at byte {offset + done}, expected {len(view) - done} more bytes there"
+            )
         done += count
         if progress is not None:
             progress(done)

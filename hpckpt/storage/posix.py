@@ -75,7 +75,9 @@ class FileRun(NamedTuple):
 
 
 class PosixExtent(NamedTuple):
-    """A group's segments (:meth:`PosixBackend.group_extent`): in its first file, and in its last if another."""
+    """A group's segments (:meth:`PosixBackend.group_extent`): in its first file, and in
+    its last if another.
+    """
 
     ranks: range
     head: FileRun
@@ -87,7 +89,8 @@ class PosixStart(NamedTuple):
 
     ranks: range  # the group
     segment: int  # the offset of its first rank's segment in its file
-    ends: dict[str, tuple[int, int]]  # of its first and last file: the offset of the end, and the rank writing it
+    # of its first and last file: the offset of the end, and the rank writing it
+    ends: dict[str, tuple[int, int]]
 
 
 def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRecord, Block]]:
@@ -127,7 +130,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
         self.compression = codec.check_codec(compression)
         self.lossy = codec.check_lossy(lossy)
         self.direct_io = bool(direct_io)
-        self._files: tuple[Sequence[LeafRecord], int, dict[str, int]] | None = None  # records, ranks, file ends
+        # records, ranks, file ends
+        self._files: tuple[Sequence[LeafRecord], int, dict[str, int]] | None = None
 
     def encode(self, path: str, array: np.ndarray) -> Encoded:
         """How ``array`` (a block of leaf ``path``) is stored. Not collective."""
@@ -138,7 +142,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
             if stored.nbytes < array.nbytes:  # else (noise, tiny arrays) store it losslessly
                 restored = np.empty_like(array)
                 codec.decode_lossy(stored, restored)
-                if codec.within_tolerance(restored, array, tolerance):  # else (NaN, Inf, huge values) losslessly
+                # Out of tolerance (NaN, Inf, huge values): stored losslessly instead.
+                if codec.within_tolerance(restored, array, tolerance):
                     return Encoded(stored, codec.LOSSY_CODEC, restored)
         if self.compression:
             return Encoded(codec.encode(array), self.compression, array)
@@ -152,49 +157,63 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
         """The file that holds ``rank``'s segment."""
         return f"data-{rank // self.ranks_per_file:05d}.bin"
 
-    def layout(self, records: Sequence[LeafRecord], start: PosixStart | None = None) -> tuple[LeafRecord, ...]:
+    def layout(
+        self, records: Sequence[LeafRecord], start: PosixStart | None = None
+    ) -> tuple[LeafRecord, ...]:
         """Give every block a file and byte offset (the same on every rank). With a
         group's ``start`` (:meth:`group_starts`), ``records`` hold the blocks of its
         ranks only: its first rank's segment starts where ``start`` says, and the first
         record gets an empty block at the end of each file the group shares with later
         or earlier ranks whose last byte another group writes (so that each rank of the
-        file, whose part holds it, cuts a recycled file to the right size)."""
+        file, whose part holds it, cuts a recycled file to the right size).
+        """
         relative, segment_bytes = self._segments(records)
         first = start.ranks.start if start is not None else 0
-        segment_start = self._segment_starts(range(first, _world_size(records)), segment_bytes,
-                                             start.segment if start is not None else 0)  # fmt: skip
+        first_segment = start.segment if start is not None else 0
+        segment_start = self._segment_starts(range(first, _world_size(records)), segment_bytes, first_segment)
         files = {rank: self.file_of(rank) for rank in segment_start}
         placed = []
         for record in records:
             blocks = []
             for block in record.blocks:
                 rank = block.rank
-                location = {"file": files[rank], "offset": segment_start[rank] + relative[(record.path, rank)]}
+                offset = segment_start[rank] + relative[(record.path, rank)]
+                location = {"file": files[rank], "offset": offset}
                 location.update(encoded_location(block.stored_bytes, block.codec))
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
-                blocks.append(Block(block.rank, block.offset, block.shape, block.checksum, location, block.members))
+                blocks.append(
+                    Block(block.rank, block.offset, block.shape, block.checksum, location, block.members)
+                )
             placed.append(
-                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks), record.location,
-                           record.encoding)
+                LeafRecord(record.path, record.kind, record.dtype, record.global_shape, tuple(blocks),
+                           record.location, record.encoding)
             )
         if start is not None and placed:
-            ends = tuple(Block(rank, (), (0,), "", {"file": name, "offset": end})
-                         for name, (end, rank) in start.ends.items() if rank not in start.ranks)  # fmt: skip
+            ends = tuple(
+                Block(rank, (), (0,), "", {"file": name, "offset": end})
+                for name, (end, rank) in start.ends.items()
+                if rank not in start.ranks
+            )
             placed[0] = replace(placed[0], blocks=placed[0].blocks + ends)
         return tuple(placed)
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> PosixExtent:
         """Where the segments of the group's ranks in its first file, and in its last if
-        another, end (relative to the first segment of the group's ranks there)."""
+        another, end (relative to the first segment of the group's ranks there).
+        """
         _, segment_bytes = self._segments(records)
-        runs = [range(first, min(ranks.stop, first - first % self.ranks_per_file + self.ranks_per_file))
-                for first in (ranks.start, max(ranks.start, (ranks.stop - 1) // self.ranks_per_file * self.ranks_per_file))]
+        last_file_start = max(ranks.start, (ranks.stop - 1) // self.ranks_per_file * self.ranks_per_file)
+        runs = [
+            range(first, min(ranks.stop, first - first % self.ranks_per_file + self.ranks_per_file))
+            for first in (ranks.start, last_file_start)
+        ]
         head, tail = (self._file_run(run, segment_bytes) for run in runs)
         return PosixExtent(ranks, head, tail if runs[1] != runs[0] else None)
 
     def group_starts(self, extents: Sequence[PosixExtent], headers: Sequence[LeafRecord]) -> list[PosixStart]:
         """Each group's first segment (after the earlier groups' in a shared file) and the
-        end of its first and last file, with the rank that writes their last byte."""
+        end of its first and last file, with the rank that writes their last byte.
+        """
         ends: dict[str, tuple[int, int]] = {}
         segments, following = [], 0
         for extent in extents:
@@ -211,12 +230,14 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
         starts = []
         for extent, segment in zip(extents, segments):
             files = dict.fromkeys((self.file_of(extent.ranks.start), self.file_of(extent.ranks.stop - 1)))
-            starts.append(PosixStart(extent.ranks, segment, {name: ends[name] for name in files if name in ends}))
+            file_ends = {name: ends[name] for name in files if name in ends}
+            starts.append(PosixStart(extent.ranks, segment, file_ends))
         return starts
 
     def _segments(self, records: Sequence[LeafRecord]) -> tuple[dict[tuple[str, int], int], dict[int, int]]:
         """Each block's offset in its rank's segment, by (path, rank), and where each
-        rank's segment's last block ends."""
+        rank's segment's last block ends.
+        """
         relative: dict[tuple[str, int], int] = {}
         segment_bytes: dict[int, int] = {}
         for rank, record, block in _stored_blocks(records):
@@ -227,7 +248,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
 
     def _segment_starts(self, ranks: range, segment_bytes: Mapping[int, int], first: int) -> dict[int, int]:
         """Where the segment of each of ``ranks`` starts in its file, the first one's at
-        ``first`` (0 if it starts a file)."""
+        ``first`` (0 if it starts a file).
+        """
         starts: dict[int, int] = {}
         for rank in ranks:
             if rank % self.ranks_per_file == 0:
@@ -235,12 +257,14 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
             elif rank == ranks.start:
                 starts[rank] = first
             else:
-                starts[rank] = _round_up(starts[rank - 1] + segment_bytes.get(rank - 1, 0), self.segment_alignment)
+                previous_end = starts[rank - 1] + segment_bytes.get(rank - 1, 0)
+                starts[rank] = _round_up(previous_end, self.segment_alignment)
         return starts
 
     def _file_run(self, ranks: range, segment_bytes: Mapping[int, int]) -> FileRun:
         """Where the segments of ``ranks`` (consecutive, in one file) end, counted from
-        the first one's start."""
+        the first one's start.
+        """
         starts = self._segment_starts(ranks, segment_bytes, 0)
         last = ranks[-1]
         following = _round_up(starts[last] + segment_bytes.get(last, 0), self.segment_alignment)
@@ -250,7 +274,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
     def parts(self, records: Sequence[LeafRecord], ranks: range) -> list[tuple[LeafRecord, ...]]:
         """Each rank's records hold the blocks of every rank of its file (of its group's,
         and the end of the file, when laid out in groups): it truncates a recycled file
-        to the end of the last of them."""
+        to the end of the last of them.
+        """
         return records_by_rank(records, ranks, lambda rank: rank // self.ranks_per_file)
 
     def write(
@@ -278,7 +303,10 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                 by_file.setdefault(data.block.location["file"], []).append(data)
         for name, contents in by_file.items():
             path = directory / name
-            pieces = [(data.block.location["offset"], data.array.reshape(-1).view(np.uint8).data) for data in contents]
+            pieces = [
+                (data.block.location["offset"], data.array.reshape(-1).view(np.uint8).data)
+                for data in contents
+            ]
             direct.write_pieces(path, pieces, self.direct_io)
             if path.stat().st_size > ends.get(name, 0):  # a recycled file, longer than needed
                 os.truncate(path, ends.get(name, 0))
@@ -290,7 +318,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` from its file and offset, reporting each
-        :data:`~hpckpt.storage.positioned.READ_PIECE` bytes to ``landed``. Independent."""
+        :data:`~hpckpt.storage.positioned.READ_PIECE` bytes to ``landed``. Independent.
+        """
         descriptors: dict[str, int] = {}
         try:
             for request in requests:
@@ -300,7 +329,9 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                 location = request.block.location
                 if request.block.codec is None:
                     progress = None if landed is None else partial(landed, request)
-                    read_into(descriptors[name], request.array, location["offset"], directory / name, progress)
+                    read_into(
+                        descriptors[name], request.array, location["offset"], directory / name, progress
+                    )
                     continue
                 stored = np.empty(int(request.block.stored_bytes or 0), dtype=np.uint8)
                 read_into(descriptors[name], stored, location["offset"], directory / name)
@@ -308,8 +339,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                     codec.decode_as(request.block.codec, stored, request.array)
                 except ValueError as exc:
                     raise OSError(
-                        f"leaf {request.record.path!r}, block of rank {request.block.rank} in {directory / name} "
-                        f"at byte {location['offset']}: {exc}"
+                        f"leaf {request.record.path!r}, block of rank {request.block.rank} "
+                        f"in {directory / name} at byte {location['offset']}: {exc}"
                     ) from exc
                 if landed is not None:
                     landed(request, request.array.nbytes)

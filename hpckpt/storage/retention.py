@@ -37,6 +37,7 @@ class KeepNewest:
     count: int
 
     def keeps(self, run_dir: RunDirectory, steps: Sequence[int]) -> set[int]:
+        """The ``count`` newest of ``steps`` (none unless ``count`` is positive). Reads nothing."""
         return set(steps[-self.count :]) if self.count > 0 else set()
 
 
@@ -44,12 +45,14 @@ class KeepNewest:
 class KeepBest:
     """Keep the ``count`` steps with the best ``metric`` recorded in their manifests:
     lowest with ``best="min"``, highest with ``"max"`` (the newer of equal ones first).
-    Steps without a metric (or whose manifest cannot be read) never count as best."""
+    Steps without a metric (or whose manifest cannot be read) never count as best.
+    """
 
     count: int
     best: str = "min"
 
     def keeps(self, run_dir: RunDirectory, steps: Sequence[int]) -> set[int]:
+        """The ``count`` of ``steps`` with the best metric. Reads their manifests."""
         if self.count <= 0:  # the default: no manifest read at each save
             return set()
         metrics = {}
@@ -107,7 +110,8 @@ def retain(run_dir: RunDirectory, policies: Sequence[RetentionPolicy], *, recycl
 
 def _keep_files_of(step_dir: Path, recycle_dir: Path) -> None:
     """Move the data files and directories of a deleted step into ``recycle_dir`` (not its
-    manifest or manifest shards, which the next save writes anew)."""
+    manifest or manifest shards, which the next save writes anew).
+    """
     recycle_dir.mkdir(mode=DIRECTORY_MODE)
     for entry in os.scandir(step_dir):
         if not entry.is_symlink() and not is_manifest_file(entry.name):

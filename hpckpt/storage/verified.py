@@ -23,7 +23,9 @@ from .base import Backend, BlockData
 from .commit import RunDirectory
 
 
-def read_verified(backend: Backend, run_dir: RunDirectory, step: int, requests: Sequence[BlockData]) -> list[str]:
+def read_verified(
+    backend: Backend, run_dir: RunDirectory, step: int, requests: Sequence[BlockData]
+) -> list[str]:
     """Fill each request's ``array`` with its block of ``step`` (read from the step that
     holds its bytes, for an incremental step) and check its checksum.
 
@@ -46,12 +48,15 @@ def read_verified(backend: Backend, run_dir: RunDirectory, step: int, requests: 
             try:
                 backend.read(directory, group, streamed.landed)
             except (OSError, KeyError, ValueError, RuntimeError) as exc:
-                raise CorruptCheckpointError(f"cannot read {directory}: {type(exc).__name__}: {exc}") from exc
+                raise CorruptCheckpointError(
+                    f"cannot read {directory}: {type(exc).__name__}: {exc}"
+                ) from exc
     findings = []
     for request in requests:
         expected, actual = request.block.checksum, streamed.digest(request)
         if actual != expected:
-            where = run_dir.step_path(home_step(request.block, step)) / stored_file(request.record, request.block)
+            home_directory = run_dir.step_path(home_step(request.block, step))
+            where = home_directory / stored_file(request.record, request.block)
             findings.append(
                 f"leaf {request.record.path!r}, block of rank {request.block.rank} in {where}: "
                 f"{ALGORITHM} checksum {actual} != stored {expected}"
@@ -65,7 +70,8 @@ class StreamingChecksums:
     each block's bytes in order (``xxh3_64`` streamed: the same digest as
     :func:`~hpckpt.checksum.block_checksum`). Use it as a context manager; after it,
     :meth:`digest` gives each block's checksum, computed now for any block never
-    reported whole (a backend that failed, or reads out of order). Not collective."""
+    reported whole (a backend that failed, or reads out of order). Not collective.
+    """
 
     def __init__(self) -> None:
         self._queue: SimpleQueue[tuple[BlockData, int] | None] = SimpleQueue()
@@ -76,7 +82,9 @@ class StreamingChecksums:
         self._thread.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self._queue.put(None)
         self._thread.join()
 

@@ -97,7 +97,8 @@ def arrays_of(state: Any) -> dict[str, Any]:
 
 def assert_same(expected_state: Any, restored_state: Any) -> None:
     """Assert that both trees hold the same leaves: arrays of equal dtype, shape and bytes,
-    plain values equal and of the same type."""
+    plain values equal and of the same type.
+    """
     expected, restored = arrays_of(expected_state), arrays_of(restored_state)
     assert expected.keys() == restored.keys()
     for path, value in expected.items():
@@ -136,10 +137,9 @@ def find_pattern(step_dir: Path, pattern: bytes) -> tuple[Path, int]:
 class BackendConformance:
     """The tests every storage backend passes; a backend's test class derives from it.
 
-    Set ``backend``, the name the backend is registered under, and ``backend_options``,
-    its keyword arguments (None: none). The tests save and restore through
-    :class:`~hpckpt.Checkpointer`; what they expect of a backend follows from its
-    :class:`~hpckpt.storage.base.Capabilities` and the manifest, never its name.
+    Set ``backend``, the name the backend is registered under, and ``backend_options``, its keyword arguments
+    (None: none). The tests save and restore through :class:`~hpckpt.Checkpointer`; what they expect of a
+    backend follows from its :class:`~hpckpt.storage.base.Capabilities` and the manifest, never its name.
     """
 
     backend: ClassVar[str] = ""
@@ -159,7 +159,8 @@ class BackendConformance:
         codec may then be what finds a damaged byte). A block stored as it is is found
         by its bytes; an encoded one through the manifest, 5 bytes before its last one,
         where its location gives ``file``, ``offset`` and ``stored_bytes`` (as posix's):
-        a backend that encodes blocks otherwise overrides this method."""
+        a backend that encodes blocks otherwise overrides this method.
+        """
         step = int(step_dir.name.rpartition("-")[2])
         manifest = CheckpointReader(step_dir.parent).manifest(step)
         (record,) = [record for record in manifest.leaves if record.path == leaf]
@@ -168,6 +169,13 @@ class BackendConformance:
             return (*find_pattern(step_dir, pattern), False)
         location = block.location
         return step_dir / location["file"], location["offset"] + block.stored_bytes - 10, True
+
+    def round_trip(self, run_dir: Path, comm: Any, saved: Any, target: Any) -> None:
+        """Save ``saved`` as step 1 of ``run_dir``, restore it into ``target`` and compare them."""
+        with Checkpointer(run_dir, comm=comm, **self.arguments()) as checkpointer:
+            checkpointer.save(1, saved)
+            assert checkpointer.restore(target) == 1
+        assert_same(saved, target)
 
     @pytest.fixture(params=["world", "self"])
     def comm(self, request: pytest.FixtureRequest) -> Any:
@@ -191,6 +199,7 @@ class BackendConformance:
         return shared_path / ("world" if comm is MPI.COMM_WORLD else f"self-rank-{MPI.COMM_WORLD.rank}")
 
     def test_round_trip_of_every_leaf_kind(self, comm: Any, run_dir: Path) -> None:
+        """Every leaf kind restores exactly; a strided target is filled in place."""
         saved = make_state(comm, seed=1)
         with Checkpointer(run_dir, comm=comm, **self.arguments()) as checkpointer:
             assert checkpointer.restore(make_state(comm, seed=2)) is None
@@ -214,17 +223,15 @@ class BackendConformance:
             "table": Replicated(table),
             "mine": Local(np.frombuffer(bytes([comm.rank] * 5), dtype=np.uint8)),
         }
-        with Checkpointer(run_dir, comm=comm, **self.arguments()) as checkpointer:
-            checkpointer.save(1, saved)
-            target = {
-                "u": Distributed(np.zeros((2, 3)), **box),
-                "table": Replicated(np.zeros(4, dtype=np.int16)),
-                "mine": Local(np.zeros(5, dtype=np.uint8)),
-            }
-            assert checkpointer.restore(target) == 1
-        assert_same(saved, target)
+        target = {
+            "u": Distributed(np.zeros((2, 3)), **box),
+            "table": Replicated(np.zeros(4, dtype=np.int16)),
+            "mine": Local(np.zeros(5, dtype=np.uint8)),
+        }
+        self.round_trip(run_dir, comm, saved, target)
 
     def test_many_small_leaves(self, world: Any, shared_path: Path) -> None:
+        """150 layers of three small leaves each (some of them empty) round-trip."""
         def state(seed: int) -> dict[str, Any]:
             rng, box = np.random.default_rng([seed, world.rank]), {"global_shape": (2 * world.size,)}
             return {
@@ -236,27 +243,18 @@ class BackendConformance:
                 for i in range(150)
             }
 
-        saved = state(1)
-        with Checkpointer(shared_path / "many", comm=world, **self.arguments()) as checkpointer:
-            checkpointer.save(1, saved)
-            target = state(2)
-            assert checkpointer.restore(target) == 1
-        assert_same(saved, target)
+        self.round_trip(shared_path / "many", world, state(1), state(2))
 
     def test_ten_thousand_leaves_and_non_ascii_names(self, world: Any, shared_path: Path) -> None:
+        """10,000 Local leaves and non-ASCII leaf names round-trip (every rank its own run)."""
         def state(value: int) -> dict[str, Any]:
             leaves = {f"l{i:05d}": Local(np.full(2, value * i, dtype=np.int32)) for i in range(10_000)}
             return {**leaves, "température": Replicated(np.arange(3.0) * value), "数据": {"ü": value}}
 
-        saved = state(1)
-        run_dir = shared_path / f"tenk-{world.rank}"
-        with Checkpointer(run_dir, comm=MPI.COMM_SELF, **self.arguments()) as checkpointer:
-            checkpointer.save(1, saved)
-            target = state(0)
-            assert checkpointer.restore(target) == 1
-        assert_same(saved, target)
+        self.round_trip(shared_path / f"tenk-{world.rank}", MPI.COMM_SELF, state(1), state(0))
 
     def test_steps_latest_and_retention(self, comm: Any, run_dir: Path) -> None:
+        """``steps`` and ``latest_step`` follow the saves; keep=2 leaves the two newest steps."""
         state = make_state(comm, seed=3)
         with Checkpointer(run_dir, comm=comm, keep=2, **self.arguments()) as checkpointer:
             assert checkpointer.steps() == [] and checkpointer.latest_step() is None
@@ -272,7 +270,8 @@ class BackendConformance:
     def test_saves_over_a_deleted_steps_files_restore_exactly(self, comm: Any, run_dir: Path) -> None:
         """keep=1: states that shrink and grow restore exactly; a backend that
         ``writes_in_place`` writes step 3 into files of step 1 (which retention deleted
-        and recycled: a hard link taken to each of them sees them written again)."""
+        and recycled: a hard link taken to each of them sees them written again).
+        """
         shapes = (64, 64, 64, 8, 8, 8)
         links = Path(f"{run_dir}-links")
         with Checkpointer(run_dir, comm=comm, keep=1, **self.arguments()) as checkpointer:
@@ -295,6 +294,7 @@ class BackendConformance:
     def test_failed_commit_keeps_the_previous_step_and_its_leftovers_are_removed(
         self, world: Any, shared_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
+        """A refused commit keeps step 1 restorable; the next save removes step 2's leftovers."""
         def refused(*args: Any, **kwargs: Any) -> None:
             raise OSError("commit refused by the conformance suite")
 
@@ -318,6 +318,7 @@ class BackendConformance:
             assert checkpointer.steps() == [1, 3]
 
     def test_a_flipped_byte_is_detected_and_restore_falls_back(self, world: Any, shared_path: Path) -> None:
+        """A flipped byte in a rank's block is reported, and restore falls back to step 1."""
         run_dir = shared_path / "corrupt"
         victim = world.size - 1
         with Checkpointer(run_dir, comm=world, **self.arguments()) as checkpointer:
@@ -351,6 +352,7 @@ class BackendConformance:
         assert text.endswith("falling back to step 1")
 
     def test_a_truncated_file_is_detected_and_restore_falls_back(self, world: Any, shared_path: Path) -> None:
+        """A file cut inside rank 0's block is detected, and restore falls back to step 1."""
         run_dir = shared_path / "truncated"
         with Checkpointer(run_dir, comm=world, **self.arguments()) as checkpointer:
             checkpointer.save(1, row_state(world, 1.0))

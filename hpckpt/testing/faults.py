@@ -67,8 +67,9 @@ def _world_rank() -> int:
 
 
 def reach(name: str) -> None:
-    """This process reached point ``name`` (the hook of :func:`hpckpt._hooks.point`,
-    installed when this module is imported): act if ``HPCKPT_FAULT`` asks to.
+    """Called when this process reaches point ``name`` (the hook of
+    :func:`hpckpt._hooks.point`, installed when this module is imported): act if
+    ``HPCKPT_FAULT`` asks to.
 
     The rank in ``HPCKPT_FAULT`` is the process's rank in ``COMM_WORLD`` (the
     uncoordinated protocol saves on ``COMM_SELF``, where every rank is 0).

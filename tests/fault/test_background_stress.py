@@ -19,8 +19,10 @@ STRESS_TIMEOUT = 120
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_non_blocking_saves_between_application_collectives_never_hang(tmp_path, backend):
-    command = ["mpiexec", "-n", "2", sys.executable, "-m", "tests.jobs.background_stress", str(tmp_path / "run"),
-               backend, str(SAVES), "7"]  # fmt: skip
+    command = [
+        "mpiexec", "-n", "2", sys.executable, "-m", "tests.jobs.background_stress",
+        str(tmp_path / "run"), backend, str(SAVES), "7",
+    ]
     result = run_group(command, timeout=STRESS_TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == f"stress: {SAVES} saves, restored step {SAVES}"

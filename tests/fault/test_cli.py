@@ -30,13 +30,19 @@ def test_ls_shows_committed_incomplete_and_corrupt_steps(tmp_path):
     listed = cli("ls", run_dir, "--json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
-    assert [(row["step"], row["status"]) for row in rows] == [(10, "corrupt"), (20, "committed"), (30, "incomplete")]
-    assert rows[1]["backend"] == "posix" and rows[1]["world_size"] == 4 and rows[1]["protocol"] == "coordinated"
+    assert [(row["step"], row["status"]) for row in rows] == [
+        (10, "corrupt"),
+        (20, "committed"),
+        (30, "incomplete"),
+    ]
+    assert rows[1]["backend"] == "posix" and rows[1]["world_size"] == 4
+    assert rows[1]["protocol"] == "coordinated"
     assert rows[1]["bytes"] == sum(f.stat().st_size for f in (run_dir / "step-00000020").iterdir())
     assert "not a valid hpckpt manifest" in rows[0]["problem"]
     text = cli("ls", run_dir).stdout.splitlines()
     assert text[0].split() == ["STEP", "STATUS", "SIZE", "COMMITTED", "BACKEND", "PROTOCOL", "RANKS"]
-    assert text[3].split()[:2] == ["20", "committed"] and text[3].split()[-3:] == ["posix", "coordinated", "4"]
+    assert text[3].split()[:2] == ["20", "committed"]
+    assert text[3].split()[-3:] == ["posix", "coordinated", "4"]
 
 
 def test_inspect_shows_kinds_dtypes_shapes_and_boxes(tmp_path):
@@ -44,13 +50,16 @@ def test_inspect_shows_kinds_dtypes_shapes_and_boxes(tmp_path):
     shown = cli("inspect", tmp_path / "run", "--json")
     assert shown.returncode == 0, shown.stderr
     tree = json.loads(shown.stdout)
-    assert (tree["step"], tree["backend"], tree["world_size"], tree["values"]) == (7, "hdf5", RANKS, {"iteration": 7})
+    summary = (tree["step"], tree["backend"], tree["world_size"], tree["values"])
+    assert summary == (7, "hdf5", RANKS, {"iteration": 7})
     leaves = {leaf["path"]: leaf for leaf in tree["leaves"]}
-    assert (leaves["field"]["kind"], leaves["field"]["dtype"], leaves["field"]["shape"]) == ("distributed", "float64", [10, COLS])
+    field = leaves["field"]
+    assert (field["kind"], field["dtype"], field["shape"]) == ("distributed", "float64", [10, COLS])
     boxes = [(block["rank"], block["offset"], block["shape"]) for block in leaves["field"]["blocks"]]
     assert boxes == [(r, [rows_of(RANKS, r)[0], 0], [rows_of(RANKS, r)[1], COLS]) for r in range(RANKS)]
     assert [block["shape"] for block in leaves["rng"]["blocks"]] == [[r + 2] for r in range(RANKS)]
-    assert (leaves["rng"]["kind"], leaves["rng"]["dtype"], leaves["rng"]["shape"]) == ("local", "uint32", None)
+    rng = leaves["rng"]
+    assert (rng["kind"], rng["dtype"], rng["shape"]) == ("local", "uint32", None)
     assert (leaves["table"]["kind"], leaves["table"]["shape"]) == ("replicated", [7])
     text = cli("inspect", tmp_path / "run", "--step", "7").stdout
     assert "field: distributed float64 (10, 6)" in text and "rank 3: [8:10, 0:6]" in text
@@ -75,7 +84,9 @@ def test_verify_passes_then_names_the_corrupted_block(tmp_path, backend):
     step_dir = save_known_state(tmp_path / "run", backend)
     good = cli("verify", tmp_path / "run")
     assert good.returncode == 0, good.stderr
-    assert good.stdout.strip() == f"step 7: OK: {2 * RANKS + 1} blocks, 592 bytes, every xxh3_64 checksum matches"
+    assert good.stdout.strip() == (
+        f"step 7: OK: {2 * RANKS + 1} blocks, 592 bytes, every xxh3_64 checksum matches"
+    )
     flip_byte_in_rows_of(step_dir, rank=2)
     bad = cli("verify", tmp_path / "run")
     assert bad.returncode == 1, bad.stderr
@@ -96,20 +107,32 @@ def test_ls_verify_and_verify_all_check_every_committed_step(tmp_path):
     content = bytearray(data.read_bytes())
     content[len(content) // 2] ^= 0x01
     data.write_bytes(bytes(content))
-    assert [row["status"] for row in json.loads(cli("ls", run_dir, "--json").stdout)] == ["committed"] * 3  # sizes only
+    # sizes only
+    assert [row["status"] for row in json.loads(cli("ls", run_dir, "--json").stdout)] == ["committed"] * 3
     listed = cli("ls", run_dir, "--verify", "--json")
     assert listed.returncode == 1, listed.stderr
     rows = json.loads(listed.stdout)
-    assert [(row["step"], row["status"]) for row in rows] == [(first, "verified"), (middle, "corrupt"), (last, "verified")]
+    assert [(row["step"], row["status"]) for row in rows] == [
+        (first, "verified"),
+        (middle, "corrupt"),
+        (last, "verified"),
+    ]
     assert "block of rank 1 in" in rows[1]["problem"] and "data-00001.bin" in rows[1]["problem"]
     checked = cli("verify", run_dir, "--all")
     assert checked.returncode == 1, checked.stderr
     lines = checked.stdout.splitlines()
-    assert [line.split(": ")[:2] for line in lines[:3]] == [[f"step {first}", "OK"], [f"step {middle}", "BAD"],
-                                                            [f"step {last}", "OK"]]  # fmt: skip
+    assert [line.split(": ")[:2] for line in lines[:3]] == [
+        [f"step {first}", "OK"],
+        [f"step {middle}", "BAD"],
+        [f"step {last}", "OK"],
+    ]
     assert lines[-1] == f"2 of 3 committed step(s) OK; bad: [{middle}]"
     report = json.loads(cli("verify", run_dir, "--all", "--json").stdout)
-    assert [(entry["step"], entry["ok"]) for entry in report] == [(first, True), (middle, False), (last, True)]
+    assert [(entry["step"], entry["ok"]) for entry in report] == [
+        (first, True),
+        (middle, False),
+        (last, True),
+    ]
     shutil.rmtree(data.parent)
     assert cli("verify", run_dir, "--all").returncode == 0
     assert cli("ls", run_dir, "--verify").returncode == 0
@@ -118,8 +141,11 @@ def test_ls_verify_and_verify_all_check_every_committed_step(tmp_path):
 def test_diff_finds_a_crashed_and_relaunched_run_identical_and_a_changed_run_different(tmp_path):
     clean, crashed, other = tmp_path / "clean", tmp_path / "crashed", tmp_path / "other"
     assert run(heat_command(2, clean, "--backend", "posix", iters=60)).returncode == 0
-    first = run(heat_command(2, crashed, "--backend", "hdf5", "--crash-at-iter", "35", "--crash-rank", "1", iters=60))
-    assert first.returncode != 0 and json.loads(cli("ls", crashed, "--json").stdout)[-1]["step"] == 30  # it died at 35
+    first = run(
+        heat_command(2, crashed, "--backend", "hdf5", "--crash-at-iter", "35", "--crash-rank", "1", iters=60)
+    )
+    # it died at 35
+    assert first.returncode != 0 and json.loads(cli("ls", crashed, "--json").stdout)[-1]["step"] == 30
     again = run(heat_command(2, crashed, "--backend", "hdf5", iters=60))
     assert again.returncode == 0 and again.resumed_from == "30"
     steps = [row["step"] for row in json.loads(cli("ls", clean, "--json").stdout)]
@@ -135,12 +161,15 @@ def test_diff_finds_a_crashed_and_relaunched_run_identical_and_a_changed_run_dif
                for line in report["differences"]), report["differences"]
     missing = cli("diff", clean, other, "--step", "55")
     listed = ", ".join(map(str, steps))
-    assert missing.returncode == 2 and f"has no committed step 55 (committed steps: {listed})" in missing.stderr
+    assert missing.returncode == 2
+    assert f"has no committed step 55 (committed steps: {listed})" in missing.stderr
 
 
 @pytest.mark.parametrize("backend", ["adios2", "posix"])
 def test_a_four_rank_step_converts_to_safetensors_for_the_standard_reader_and_back(tmp_path, backend):
-    safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed (make install)")
+    safetensors_numpy = pytest.importorskip(
+        "safetensors.numpy", reason="safetensors is not installed (make install)"
+    )
     save_known_state(tmp_path / "run", backend)
     exported = cli("convert", tmp_path / "run", tmp_path / "state.safetensors", "--to", "safetensors")
     assert exported.returncode == 0, exported.stderr
@@ -148,13 +177,17 @@ def test_a_four_rank_step_converts_to_safetensors_for_the_standard_reader_and_ba
     loaded = safetensors_numpy.load_file(str(tmp_path / "state.safetensors"))
     arrays = expected(RANKS)
     assert sorted(loaded) == ["field", *(f"rng/rank-{rank:05d}" for rank in range(RANKS)), "table"]
-    assert loaded["field"].tobytes() == arrays["field"].tobytes() and loaded["table"].tobytes() == arrays["table"].tobytes()
-    assert all(loaded[f"rng/rank-{rank:05d}"].tolist() == arrays["rng"][rank].tolist() for rank in range(RANKS))
+    assert loaded["field"].tobytes() == arrays["field"].tobytes()
+    assert loaded["table"].tobytes() == arrays["table"].tobytes()
+    assert all(
+        loaded[f"rng/rank-{rank:05d}"].tolist() == arrays["rng"][rank].tolist() for rank in range(RANKS)
+    )
     imported = cli("convert", tmp_path / "state.safetensors", tmp_path / "back", "--to", "hdf5")
     assert imported.returncode == 0, imported.stderr
     tree = json.loads(cli("inspect", tmp_path / "back", "--json").stdout)
     assert tree["step"] == 7 and tree["values"] == {"iteration": 7}
-    assert cli("diff", tmp_path / "run", tmp_path / "back").returncode == 1  # Local blocks came back as whole arrays
+    # Local blocks came back as whole arrays
+    assert cli("diff", tmp_path / "run", tmp_path / "back").returncode == 1
     assert cli("verify", tmp_path / "back").returncode == 0
 
 
@@ -199,14 +232,17 @@ def test_gc_removes_leftovers_and_old_steps(tmp_path):
 
 def test_errors_name_what_is_wrong(tmp_path):
     missing = cli("ls", tmp_path / "nowhere")
-    assert missing.returncode == 2 and missing.stderr.strip() == f"hpckpt ls: error: {tmp_path / 'nowhere'} is not a directory"
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == f"hpckpt ls: error: {tmp_path / 'nowhere'} is not a directory"
     (tmp_path / "empty").mkdir()
     empty = cli("verify", tmp_path / "empty")
     assert empty.returncode == 2 and f"{tmp_path / 'empty'} holds no committed step" in empty.stderr
     save_known_state(tmp_path / "run", "posix")
     no_step = cli("inspect", tmp_path / "run", "--step", "8")
     assert no_step.returncode == 2
-    assert no_step.stderr.strip() == f"hpckpt inspect: error: {tmp_path / 'run'} has no committed step 8 (committed steps: 7)"
+    assert no_step.stderr.strip() == (
+        f"hpckpt inspect: error: {tmp_path / 'run'} has no committed step 8 (committed steps: 7)"
+    )
     same = cli("convert", tmp_path / "run", tmp_path / "run", "--to", "hdf5")
     assert same.returncode == 2 and "step-00000007 already exists" in same.stderr
 
@@ -241,7 +277,8 @@ def test_convert_keeps_every_leaf_kind_byte_for_byte(tmp_path, source):
         assert cli("convert", tmp_path / source, converted, "--to", target, "--step", "7").returncode == 0
         reader = hpckpt.CheckpointReader(converted)
         manifest = reader.manifest(7)
-        assert manifest.backend == target and manifest.values == {"iteration": 7} and manifest.world_size == RANKS
+        assert manifest.backend == target and manifest.values == {"iteration": 7}
+        assert manifest.world_size == RANKS
         assert reader.read_array("field").tobytes() == arrays["field"].tobytes()
         assert reader.read_array("table").tobytes() == arrays["table"].tobytes()
         assert [b.tobytes() for b in reader.local_blocks("rng")] == [b.tobytes() for b in arrays["rng"]]
@@ -276,7 +313,8 @@ def test_tools_on_incremental_steps(tmp_path):
     assert "incremental" not in cli("inspect", converted).stdout  # conversion writes every block
     (run_dir / "step-00000001" / "data-00000.bin").unlink()
     failed = cli("verify", run_dir, "--step", "3")
-    assert failed.returncode != 0 and "step-00000001/data-00000.bin is missing" in failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "step-00000001/data-00000.bin is missing" in failed.stdout + failed.stderr
 
 
 LOSSY_STEP = """
@@ -286,7 +324,10 @@ import hpckpt
 from mpi4py import MPI
 
 grid = np.linspace(0, 3, 128)
-state = {"solver": {"x": hpckpt.Local(np.sin(grid)[:, None] * np.cos(grid)[None, :])}, "n": hpckpt.Local(np.arange(3))}
+state = {
+    "solver": {"x": hpckpt.Local(np.sin(grid)[:, None] * np.cos(grid)[None, :])},
+    "n": hpckpt.Local(np.arange(3)),
+}
 options = {"compression": "blosc2", "lossy": {"solver/*": 1e-6}}
 with hpckpt.Checkpointer(sys.argv[1], comm=MPI.COMM_SELF, backend="posix", backend_options=options) as ckpt:
     ckpt.save(1, state)
@@ -307,8 +348,13 @@ def test_inspect_names_each_blocks_codec(tmp_path):
 def test_gc_refuses_a_directory_a_live_job_holds_unless_forced(tmp_path):
     run_dir = tmp_path / "run"
     assert run(heat_command(2, run_dir, "--keep", "5", iters=60)).returncode == 0
-    locker = [sys.executable, "-c", "import sys; from pathlib import Path; from hpckpt.storage.lock import RunLock; "
-              "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); sys.stdin.read()", str(run_dir)]
+    locker = [
+        sys.executable,
+        "-c",
+        "import sys; from pathlib import Path; from hpckpt.storage.lock import RunLock; "
+        "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); sys.stdin.read()",
+        str(run_dir),
+    ]
     with started_group(locker, stdin=subprocess.PIPE) as holder:
         assert holder.stdout.readline() == "locked\n"
         refused = cli("gc", run_dir, "--keep", "1")

@@ -29,7 +29,9 @@ POINTS = {
 
 
 @pytest.mark.parametrize("point", list(POINTS))
-def test_a_kill_inside_the_commit_or_retention_keeps_the_newest_committed_step(tmp_path, point, reference_checksum):
+def test_a_kill_inside_the_commit_or_retention_keeps_the_newest_committed_step(
+    tmp_path, point, reference_checksum
+):
     nth, expected = POINTS[point]
     run_dir = tmp_path / "ckpt"
     command = heat_command(2, run_dir, "--backend", "hdf5", "--keep", "2")
@@ -61,7 +63,9 @@ def test_a_killed_convert_commits_nothing_and_can_be_run_again(tmp_path):
     source, target = tmp_path / "ckpt", tmp_path / "converted"
     assert run(heat_command(2, source, "--stop-at-iter", "30")).returncode == 0
     log = tmp_path / "convert.log"
-    killed = cli_with_fault(source, "convert.written:0:kill", log, "convert", str(target), "--to", "adios2", "--step", "30")
+    killed = cli_with_fault(
+        source, "convert.written:0:kill", log, "convert", str(target), "--to", "adios2", "--step", "30"
+    )
     assert killed.returncode == -9 and logged_fault(log).where == "convert.written"
     assert RunDirectory(target).committed_steps() == [] and (target / "step-00000030.tmp").is_dir()
     assert cli("verify", source).returncode == 0

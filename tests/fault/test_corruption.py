@@ -40,7 +40,9 @@ def run_parts(backend: str, tmp_path: Path) -> list[dict]:
             _, stderr = process.communicate(timeout=TIMEOUT)
             current = Path(str(report) + ".current")
             during = current.read_text() if current.exists() else "none"
-            assert process.returncode == 0, f"exit {process.returncode} while checking damage {during}:\n{stderr[-3000:]}"
+            assert process.returncode == 0, (
+                f"exit {process.returncode} while checking damage {during}:\n{stderr[-3000:]}"
+            )
     return [json.loads(report.read_text()) for report in reports]
 
 
@@ -61,6 +63,8 @@ def test_every_damaged_byte_or_cut_falls_back_or_restores_exactly(backend, tmp_p
     assert (data == 0) == (backend == "posix-blosc2"), reports[0]["files"]  # compressed blocks: all flipped
     slowest = max(report["slowest_check"][0] for report in reports)
     growth = max(report["largest_peak_growth_kib"][0] for report in reports)
-    print(f"{backend}: {sum(r['checks'] for r in reports)} damages: {counts}; "
-          f"slowest check {slowest:.3f} s, largest peak-memory growth {growth} KiB")  # fmt: skip
+    print(
+        f"{backend}: {sum(r['checks'] for r in reports)} damages: {counts}; "
+        f"slowest check {slowest:.3f} s, largest peak-memory growth {growth} KiB"
+    )
     assert slowest < MAX_CHECK_SECONDS and growth < MAX_PEAK_GROWTH_KIB, reports

@@ -30,8 +30,13 @@ def test_sigkill_at_random_moments_resumes_from_the_newest_committed_step(seed, 
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)
     elif mode == "iteration":
         iteration, rank = rng.randint(0, 119), rng.randrange(RANKS)
-        landed = first_attempt(command + ["--crash-at-iter", str(iteration), "--crash-rank", str(rank)], tmp_path,
-                               RANKS, rng, crash=True)  # fmt: skip
+        landed = first_attempt(
+            command + ["--crash-at-iter", str(iteration), "--crash-rank", str(rank)],
+            tmp_path,
+            RANKS,
+            rng,
+            crash=True,
+        )
         assert (landed.where, landed.rank) == (f"heat.iteration.{iteration}", rank)
     else:
         first_attempt(command, tmp_path, RANKS, rng)
@@ -59,7 +64,9 @@ def test_error_inside_collective_io_aborts_with_a_message_and_resumes(tmp_path, 
 
 
 def test_error_in_commit_on_one_rank_reaches_every_rank(tmp_path, reference_checksum):
-    result = run(relaunched(heat_command(RANKS, tmp_path / "ckpt")), env={"HPCKPT_FAULT": "save.commit:0:raise:5"})
+    result = run(
+        relaunched(heat_command(RANKS, tmp_path / "ckpt")), env={"HPCKPT_FAULT": "save.commit:0:raise:5"}
+    )
     assert result.returncode == 0 and result.checksum == reference_checksum
     assert "phase 'save step 50: commit' failed on rank(s) 0 of 4" in result.stderr
     assert result.resumed_from == "40" and result.failed_attempts == 1
@@ -80,7 +87,9 @@ def test_resuming_on_fewer_ranks_matches_the_reference(tmp_path, reference_98, b
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_sigkill_with_non_blocking_saves_resumes_from_the_newest_committed_step(seed, tmp_path, reference_checksum):
+def test_sigkill_with_non_blocking_saves_resumes_from_the_newest_committed_step(
+    seed, tmp_path, reference_checksum
+):
     """Kills while the background thread writes or commits a step."""
     rng = random.Random(500 + seed)
     run_dir = tmp_path / "ckpt"
@@ -98,8 +107,9 @@ def test_sigkill_with_non_blocking_saves_resumes_from_the_newest_committed_step(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(backend, tmp_path, reference_checksum,
-                                                                          monkeypatch):  # fmt: skip
+def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(
+    backend, tmp_path, reference_checksum, monkeypatch
+):
     """Sharded manifests (from 2 ranks on here): rank 2, the leader of ranks 2-3, is killed
     before it writes its shard of step 40, which is then never committed; the next run
     resumes from step 30, whose two shards were written by ranks 0 and 2."""
@@ -110,8 +120,9 @@ def test_sigkill_of_a_shard_leader_resumes_from_the_newest_committed_step(backen
     assert newest_committed(run_dir) == "30"
     shards = CheckpointReader(run_dir).manifest(30).shards
     assert [(shard.file, shard.first, shard.stop) for shard in shards] == [
-        ("manifest-shard-00000.json", 0, 2), ("manifest-shard-00002.json", 2, 4)
-    ]  # fmt: skip
+        ("manifest-shard-00000.json", 0, 2),
+        ("manifest-shard-00002.json", 2, 4),
+    ]
     result = run(command)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == "30" and result.checksum == reference_checksum
@@ -133,4 +144,5 @@ def test_sigkill_of_a_leader_merging_its_groups_plans_leaves_no_step_and_the_rer
     result = run(command)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == "none" and result.checksum == reference_checksum
-    assert CheckpointReader(run_dir).manifest(int(newest_committed(run_dir))).shards  # the rerun's saves were sharded
+    # the rerun's saves were sharded
+    assert CheckpointReader(run_dir).manifest(int(newest_committed(run_dir))).shards

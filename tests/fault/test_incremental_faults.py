@@ -25,7 +25,10 @@ DONE = re.compile(r"^frozen: done steps=(\d+) resumed_from=(\w+) checksum=([0-9a
 
 
 def frozen_job(run_dir, backend: str, ranks: int = 3, steps: int = 6) -> list[str]:
-    return ["mpiexec", "-n", str(ranks), sys.executable, "-m", "tests.jobs.frozen_job", str(run_dir), backend, str(steps)]
+    return [
+        "mpiexec", "-n", str(ranks), sys.executable, "-m", "tests.jobs.frozen_job",
+        str(run_dir), backend, str(steps),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,9 @@ def test_kill_during_an_incremental_save_into_recycled_files(tmp_path, fault_fre
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("phase", ["save.merge", "save.shard"])
-def test_kill_of_a_leader_during_an_incremental_save_in_groups(tmp_path, fault_free, phase, backend, monkeypatch):
+def test_kill_of_a_leader_during_an_incremental_save_in_groups(
+    tmp_path, fault_free, phase, backend, monkeypatch
+):
     """Sharded from 2 ranks on: 3 ranks make the groups 0-1 and 2. Rank 2, a leader, dies
     in the 5th save (an incremental step) as it compares its group's blocks with its
     shard of step 4, or before it writes its shard of step 5: step 4 stays the newest,
@@ -70,8 +75,11 @@ def test_kill_of_a_leader_during_an_incremental_save_in_groups(tmp_path, fault_f
     result = run(frozen_job(run_dir, backend))
     assert result.returncode == 0, result.stderr[-3000:]
     done = DONE.search(result.stdout)
-    assert done and done.group(2) == "4" and done.group(3) == fault_free[backend], result.stdout + result.stderr[-3000:]
+    assert done and done.group(2) == "4" and done.group(3) == fault_free[backend], (
+        result.stdout + result.stderr[-3000:]
+    )
     newest = CheckpointReader(run_dir).manifest(6)
-    assert newest.shards and newest.in_steps == (4,) and newest.delta_base == 5  # the frozen array, from step 4
+    # the frozen array, from step 4
+    assert newest.shards and newest.in_steps == (4,) and newest.delta_base == 5
     verified = run([sys.executable, "-m", "hpckpt", "verify", str(run_dir)])
     assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -80,7 +80,10 @@ def digest(array: np.ndarray) -> list:
 
 
 def save_known_state(directory, backend: str):
-    command = ["mpiexec", "-n", str(RANKS), sys.executable, "-m", "tests.jobs.save_known_state", str(directory), backend]
+    command = [
+        "mpiexec", "-n", str(RANKS), sys.executable, "-m", "tests.jobs.save_known_state",
+        str(directory), backend,
+    ]
     result = run_group(command, timeout=JOB_TIMEOUT)
     assert result.returncode == 0, result.stderr[-3000:]
     return directory / "step-00000007"
@@ -135,13 +138,17 @@ def test_posix_blocks_are_at_the_manifest_offsets(tmp_path):
 @pytest.mark.skipif(shutil.which("h5dump") is None, reason="h5dump (hdf5-tools) is not installed")
 def test_h5dump_reads_the_global_field(tmp_path):
     data = save_known_state(tmp_path / "hdf5", "hdf5") / "data.h5"
-    header = subprocess.run(["h5dump", "-H", "-d", "/field", str(data)], capture_output=True, text=True, check=True)
+    header = subprocess.run(
+        ["h5dump", "-H", "-d", "/field", str(data)], capture_output=True, text=True, check=True
+    )
     assert "DATATYPE  H5T_IEEE_F64LE" in header.stdout
     assert f"DATASPACE  SIMPLE {{ ( {ROWS}, {COLS} ) / ( {ROWS}, {COLS} ) }}" in header.stdout
     dump = subprocess.run(
         ["h5dump", "-d", "/field", "-m", "%.17g", "-y", "-w", "0", "--noindex", str(data)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     body = dump.stdout.split("DATA {", 1)[1].split("}", 1)[0]
     values = np.array([float(token) for token in body.replace(",", " ").split()])
     assert values.tobytes() == expected(RANKS)["field"].ravel().tobytes()
@@ -157,7 +164,9 @@ def test_checkpoint_reader_assembles_arrays_and_local_blocks(tmp_path, backend):
     assert reader.steps() == [7] and reader.manifest().values == {"iteration": 7}
     assert reader.read_array("field").tobytes() == arrays["field"].tobytes()
     assert reader.read_array("table", step=7).tobytes() == arrays["table"].tobytes()
-    assert [block.tolist() for block in reader.local_blocks("rng")] == [block.tolist() for block in arrays["rng"]]
+    assert [block.tolist() for block in reader.local_blocks("rng")] == [
+        block.tolist() for block in arrays["rng"]
+    ]
     with pytest.raises(ValueError, match="leaf 'rng' is local: read it with local_blocks"):
         reader.read_array("rng")
     with pytest.raises(KeyError, match="step 7 has no array leaf 'nope'"):

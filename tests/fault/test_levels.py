@@ -23,11 +23,14 @@ def levels(ranks: int, tmp_path, redundancy: str, flush_every: int, *extra: str)
     return heat_command(
         ranks, tmp_path / "pfs", "--local", str(tmp_path / "local"), "--redundancy", redundancy,
         "--flush-every", str(flush_every), *extra,
-    )  # fmt: skip
+    )
 
 
 def crash_then_lose(tmp_path, ranks: int, redundancy: str, flush_every: int, nodes: list[int]) -> None:
-    crashed = run(levels(ranks, tmp_path, redundancy, flush_every, "--crash-at-iter", "75", "--crash-rank", "1"), env=NODE)
+    crashed = run(
+        levels(ranks, tmp_path, redundancy, flush_every, "--crash-at-iter", "75", "--crash-rank", "1"),
+        env=NODE,
+    )
     assert crashed.returncode != 0
     for node in nodes:
         shutil.rmtree(tmp_path / "local" / f"node-{node:04d}")
@@ -44,7 +47,9 @@ def test_a_lost_node_is_rebuilt_from_other_nodes(tmp_path, reference_checksum, r
 
 
 @pytest.mark.parametrize(("redundancy", "ranks"), [("partner", 4), ("xor", 6)])
-def test_losing_two_nodes_of_a_group_falls_back_to_the_flushed_step(tmp_path, reference_checksum, redundancy, ranks):
+def test_losing_two_nodes_of_a_group_falls_back_to_the_flushed_step(
+    tmp_path, reference_checksum, redundancy, ranks
+):
     crash_then_lose(tmp_path, ranks, redundancy, flush_every=3, nodes=[0, 1])
     result = run(levels(ranks, tmp_path, redundancy, 3), env=NODE)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -37,6 +37,9 @@ def test_striped_save_sets_stripes_and_alignment(tmp_path, backend):
             assert h5["u"].id.get_offset() % MIB == 0  # 4 MiB dataset: aligned to the stripe
     elif backend == "posix":
         manifest = json.loads((step / "manifest.json").read_text())
-        assert all(block["location"]["offset"] % 64 == 0 for leaf in manifest["leaves"] for block in leaf["blocks"])
+        assert all(
+            block["location"]["offset"] % 64 == 0 for leaf in manifest["leaves"] for block in leaf["blocks"]
+        )
     else:
-        assert sorted(p.name for p in (step / "data.bp").glob("data.*")) == ["data.0", "data.1"]  # one per rank
+        # one per rank
+        assert sorted(p.name for p in (step / "data.bp").glob("data.*")) == ["data.0", "data.1"]

@@ -59,7 +59,10 @@ def small_fs(tmp_path):
 
 
 def fill(run_dir: Path, backend: str, ranks: int = 4) -> subprocess.CompletedProcess:
-    command = ["mpiexec", "-n", str(ranks), sys.executable, "-m", "tests.jobs.fill_disk", str(run_dir), backend, "384", "3"]
+    command = [
+        "mpiexec", "-n", str(ranks), sys.executable, "-m", "tests.jobs.fill_disk",
+        str(run_dir), backend, "384", "3",
+    ]
     return run_group(command, timeout=JOB_TIMEOUT)
 
 
@@ -70,8 +73,10 @@ def test_disk_full_is_a_clear_error_on_every_rank_and_the_previous_step_survives
     result = fill(run_dir, backend)
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in range(4):
-        assert (f"rank {rank}: CollectiveError: rank 0: NoSpaceError: [Errno 28] no space left for step 2 in {run_dir}: "
-                "it needs 2.1 MiB (data and metadata) and the file system has") in result.stdout, result.stdout
+        assert (
+            f"rank {rank}: CollectiveError: rank 0: NoSpaceError: [Errno 28] no space left for step 2 "
+            f"in {run_dir}: it needs 2.1 MiB (data and metadata) and the file system has"
+        ) in result.stdout, result.stdout
         assert f"rank {rank}: restored step 1 intact" in result.stdout
     assert "nothing was written and the committed steps 1 are intact" in result.stdout
     assert sorted(path.name for path in run_dir.iterdir()) == [".hpckpt.lock", "step-00000001"]
@@ -84,8 +89,10 @@ def test_read_only_run_directory_is_a_clear_error_on_every_rank(small_fs):
     result = fill(run_dir, "hdf5")
     assert result.returncode != 0
     for rank in range(4):
-        assert f"rank {rank}: CollectiveError: rank 0: InvalidStateError: cannot use run directory {run_dir}: " \
-               f"Read-only file system ({run_dir / '.hpckpt.lock'})" in result.stdout, result.stdout
+        assert (
+            f"rank {rank}: CollectiveError: rank 0: InvalidStateError: cannot use run directory {run_dir}: "
+            f"Read-only file system ({run_dir / '.hpckpt.lock'})"
+        ) in result.stdout, result.stdout
 
 
 def test_run_directory_under_a_file_is_a_clear_error_on_every_rank(tmp_path):
@@ -93,5 +100,7 @@ def test_run_directory_under_a_file_is_a_clear_error_on_every_rank(tmp_path):
     run_dir = tmp_path / "file" / "run"
     result = fill(run_dir, "posix", ranks=2)
     for rank in range(2):
-        assert f"rank {rank}: CollectiveError: rank 0: InvalidStateError: cannot use run directory {run_dir}: " \
-               "Not a directory" in result.stdout, result.stdout
+        assert (
+            f"rank {rank}: CollectiveError: rank 0: InvalidStateError: cannot use run directory {run_dir}: "
+            "Not a directory"
+        ) in result.stdout, result.stdout

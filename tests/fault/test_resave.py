@@ -28,7 +28,9 @@ def damage(run_dir, step: int) -> None:
 
 
 @pytest.mark.parametrize("point, committed_is_new", [("commit.rename", False), ("commit.exchanged", True)])
-def test_a_kill_around_the_exchange_leaves_step_n_committed(tmp_path, reference_checksum, point, committed_is_new):
+def test_a_kill_around_the_exchange_leaves_step_n_committed(
+    tmp_path, reference_checksum, point, committed_is_new
+):
     run_dir = tmp_path / "run"
     first = run(heat_command(2, run_dir, "--backend", "posix", "--stop-at-iter", str(STEP)))
     assert first.returncode == 0, first.stderr
@@ -46,7 +48,8 @@ def test_a_kill_around_the_exchange_leaves_step_n_committed(tmp_path, reference_
     assert STEP in steps and steps[-1] == STEP, f"step {STEP} was not committed at the kill: {steps}"
     is_new = json.loads(RunDirectory(run_dir).read_manifest(STEP))["committed"] != old_committed
     assert is_new is committed_is_new
-    assert (CheckpointReader(run_dir).verify(STEP) == []) is committed_is_new  # the old one is the damaged one
+    # the old one is the damaged one
+    assert (CheckpointReader(run_dir).verify(STEP) == []) is committed_is_new
 
     final = run(heat_command(2, run_dir, "--backend", "posix"))
     assert final.returncode == 0, final.stderr

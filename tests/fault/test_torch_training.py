@@ -14,14 +14,20 @@ import pytest
 from tests.fault.helpers import JOB_TIMEOUT, relaunched
 from tests.processes import run_group
 
-pytest.importorskip("torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)")
+pytest.importorskip(
+    "torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)"
+)
 JOB = Path(__file__).resolve().parents[1] / "jobs" / "torch_transformer.py"
-DONE = re.compile(r"^torch_train: done steps=40 resumed_from=(\w+) loss=\S+ checksum=([0-9a-f]{64})$", re.MULTILINE)
+DONE = re.compile(
+    r"^torch_train: done steps=40 resumed_from=(\w+) loss=\S+ checksum=([0-9a-f]{64})$", re.MULTILINE
+)
 
 
 def train(run_dir: Path, *args: str, relaunch: bool = False):
-    command = ["mpiexec", "-n", "2", sys.executable, str(JOB), "--dir", str(run_dir), "--steps", "40", "--every", "10",
-               *args]  # fmt: skip
+    command = [
+        "mpiexec", "-n", "2", sys.executable, str(JOB), "--dir", str(run_dir),
+        "--steps", "40", "--every", "10", *args,
+    ]
     return run_group(relaunched(command) if relaunch else command, timeout=JOB_TIMEOUT)
 
 
@@ -33,24 +39,36 @@ def test_a_killed_transformer_training_resumes_bit_for_bit(tmp_path):
     assert crashed.returncode == 0, crashed.stderr[-3000:]
     assert "hpckpt run: attempt 1/3 failed" in crashed.stderr and "attempt 2/3 succeeded" in crashed.stderr
     assert DONE.findall(crashed.stdout) == [("20", expected)]  # step 20: the newest committed before step 25
-    listed = run_group([sys.executable, "-m", "hpckpt", "diff", str(tmp_path / "reference"), str(tmp_path / "crashed"),
-                        "--json"], timeout=JOB_TIMEOUT)  # fmt: skip
+    listed = run_group(
+        [
+            sys.executable, "-m", "hpckpt", "diff",
+            str(tmp_path / "reference"), str(tmp_path / "crashed"), "--json",
+        ],
+        timeout=JOB_TIMEOUT,
+    )
     report = json.loads(listed.stdout)
-    assert listed.returncode == 0 and report == {"step": 40, "same": True, "differences": []}  # every leaf, RNGs too
+    # every leaf, RNGs too
+    assert listed.returncode == 0 and report == {"step": 40, "same": True, "differences": []}
 
 
 FSDP_JOB = Path(__file__).resolve().parents[1] / "jobs" / "torch_fsdp.py"
 
 
 def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp_path):
-    saved = run_group(["mpiexec", "-n", "2", sys.executable, str(FSDP_JOB), "--save", str(tmp_path)], timeout=JOB_TIMEOUT)
+    saved = run_group(
+        ["mpiexec", "-n", "2", sys.executable, str(FSDP_JOB), "--save", str(tmp_path)], timeout=JOB_TIMEOUT
+    )
     assert saved.returncode == 0, saved.stderr[-3000:]
-    tree = json.loads(run_group([sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "ckpt"), "--json"],
-                                timeout=JOB_TIMEOUT).stdout)  # fmt: skip
+    inspected = run_group(
+        [sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "ckpt"), "--json"], timeout=JOB_TIMEOUT
+    )
+    tree = json.loads(inspected.stdout)
     leaves = {leaf["path"]: leaf for leaf in tree["leaves"]}
     shards = leaves["model/0.weight"]
     assert shards["kind"] == "distributed" and [b["offset"] for b in shards["blocks"]] == [[0, 0], [5, 0]]
     assert leaves["optimizers/0/state/0/exp_avg"]["kind"] == "distributed"  # the moments are sharded too
-    checked = run_group(["mpiexec", "-n", "3", sys.executable, str(FSDP_JOB), "--check", str(tmp_path)], timeout=JOB_TIMEOUT)
+    checked = run_group(
+        ["mpiexec", "-n", "3", sys.executable, str(FSDP_JOB), "--check", str(tmp_path)], timeout=JOB_TIMEOUT
+    )
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert "fsdp: restored step 6 on 3 ranks: 16 tensors bit for bit" in checked.stdout

@@ -13,14 +13,16 @@ from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
 from tests.fault.trials import first_attempt, newest_committed
 from tests.helpers import BACKENDS
 
-TRAIN_DONE = re.compile(r"^train: done steps=(\d+) resumed_from=([\w,]+) loss=(\S+) checksum=([0-9a-f]{64})$", re.M)
+TRAIN_DONE = re.compile(
+    r"^train: done steps=(\d+) resumed_from=([\w,]+) loss=(\S+) checksum=([0-9a-f]{64})$", re.M
+)
 
 
 def train_command(ranks: int, run_dir, *args: str, steps: int = 120, every: int = 10) -> list[str]:
     return [
         "mpiexec", "-n", str(ranks), sys.executable, "-m", "hpckpt.examples.train",
         "--steps", str(steps), "--every", str(every), "--dir", str(run_dir), *args,
-    ]  # fmt: skip
+    ]
 
 
 def finished(result) -> re.Match:
@@ -46,8 +48,13 @@ def test_random_kills_resume_training_from_the_newest_committed_step(seed, tmp_p
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)
     elif mode == "step":
         step, rank = rng.randint(0, 119), rng.randrange(RANKS)
-        landed = first_attempt(command + ["--crash-at-step", str(step), "--crash-rank", str(rank)], tmp_path, RANKS,
-                               rng, crash=True)  # fmt: skip
+        landed = first_attempt(
+            command + ["--crash-at-step", str(step), "--crash-rank", str(rank)],
+            tmp_path,
+            RANKS,
+            rng,
+            crash=True,
+        )
         assert (landed.where, landed.rank) == (f"train.step.{step}", rank)
     else:
         first_attempt(command, tmp_path, RANKS, rng)
@@ -57,7 +64,9 @@ def test_random_kills_resume_training_from_the_newest_committed_step(seed, tmp_p
 
 
 def test_uncoordinated_training_resumes_bit_for_bit(tmp_path, train_reference):
-    command = train_command(RANKS, tmp_path / "ckpt", "--protocol", "uncoordinated", "--crash-at-step", "87", "--crash-rank", "1")
+    command = train_command(
+        RANKS, tmp_path / "ckpt", "--protocol", "uncoordinated", "--crash-at-step", "87", "--crash-rank", "1"
+    )
     match = finished(run(relaunched(command)))
     assert match.group(4) == train_reference
     assert len(set(match.group(2).split(","))) > 1  # each rank from its own step

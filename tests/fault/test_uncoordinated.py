@@ -21,7 +21,9 @@ from tests.fault.trials import first_attempt, newest_committed_per_rank
 from tests.helpers import BACKENDS
 from tests.processes import run_group
 
-APP_DONE = re.compile(r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M)
+APP_DONE = re.compile(
+    r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M
+)
 
 
 def uncoordinated(run_dir, *args: str, **kwargs) -> list[str]:
@@ -39,8 +41,13 @@ def test_random_kills_resume_from_each_ranks_newest_committed_checkpoint(seed, t
         first_attempt(command, tmp_path, RANKS, rng, fault=fault)
     elif mode == "iteration":
         iteration, rank = rng.randint(25, 119), rng.randrange(RANKS)
-        landed = first_attempt(command + ["--crash-at-iter", str(iteration), "--crash-rank", str(rank)], tmp_path,
-                               RANKS, rng, crash=True)  # fmt: skip
+        landed = first_attempt(
+            command + ["--crash-at-iter", str(iteration), "--crash-rank", str(rank)],
+            tmp_path,
+            RANKS,
+            rng,
+            crash=True,
+        )
         assert (landed.where, landed.rank) == (f"heat.iteration.{iteration}", rank)
     else:
         first_attempt(command, tmp_path, RANKS, rng)
@@ -49,7 +56,8 @@ def test_random_kills_resume_from_each_ranks_newest_committed_checkpoint(seed, t
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.resumed_from == newest and result.checksum == reference_checksum
     if mode != "external":  # the kill came after every rank's second checkpoint
-        assert "none" not in newest.split(",") and len(set(newest.split(","))) > 1, newest  # each rank its own step
+        # each rank its own step
+        assert "none" not in newest.split(",") and len(set(newest.split(","))) > 1, newest
     assert "CheckpointFallbackWarning" not in result.stderr
 
 

@@ -25,14 +25,22 @@ PHASES = {  # fault point -> the phase whose agreement the stopped rank never re
 def test_a_rank_stopped_in_a_phase_is_named_and_the_job_aborts(tmp_path, point):
     log = tmp_path / "faults.log"
     started = time.monotonic()
-    stopped = run(heat_command(3, tmp_path / "run", "--backend", "posix", iters=60),
-                  env={"HPCKPT_FAULT": f"{point}:1:stop:2", "HPCKPT_FAULT_LOG": str(log),
-                       "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)})  # fmt: skip
+    stopped = run(
+        heat_command(3, tmp_path / "run", "--backend", "posix", iters=60),
+        env={
+            "HPCKPT_FAULT": f"{point}:1:stop:2",
+            "HPCKPT_FAULT_LOG": str(log),
+            "HPCKPT_PHASE_TIMEOUT": str(DEADLINE),
+        },
+    )
     elapsed = time.monotonic() - started
     assert stopped.returncode != 0
     assert log.read_text().split()[:4] == [point, "1", "stop", "2"]  # rank 1 stopped at its 2nd save
-    message = re.search(r"hpckpt: phase '(.*?)': rank\(s\) (.*?) of 3 have not arrived; the others wait there "
-                        r"after (\d+) s \(rank 0 on ", stopped.stderr)  # fmt: skip
+    message = re.search(
+        r"hpckpt: phase '(.*?)': rank\(s\) (.*?) of 3 have not arrived; the others wait there "
+        r"after (\d+) s \(rank 0 on ",
+        stopped.stderr,
+    )
     assert message, stopped.stderr[-3000:]
     assert message.group(1) == PHASES[point] and message.group(2) == "1" and int(message.group(3)) >= DEADLINE
     assert elapsed < DEADLINE + 20
@@ -42,61 +50,87 @@ def test_a_stopped_rank_0_is_reported_by_the_others(tmp_path):
     """The others abort the job; mpiexec may then wait for rank 0, whom its SIGTERM cannot
     end while stopped (only SIGKILL does): the run then ends when the test kills the job."""
     stderr = stopped_job_stderr(tmp_path, "save.sync:0:stop:2", "posix")
-    reports = re.findall(r"hpckpt: phase 'save step 20: sync': not every rank has arrived and rank 0 has not "
-                         r"reported who \(it may be the one missing\) after \d+ s \(rank ([12]) on ", stderr)  # fmt: skip
+    reports = re.findall(
+        r"hpckpt: phase 'save step 20: sync': not every rank has arrived and rank 0 has not "
+        r"reported who \(it may be the one missing\) after \d+ s \(rank ([12]) on ",
+        stderr,
+    )
     assert reports, stderr[-3000:]
 
 
-@pytest.mark.parametrize(("stopped", "reporter", "named"), [
-    ("3", "2", "rank(s) 3 of 4 have not arrived"),
-    ("2", "0", "rank(s) 2 of 4 have not arrived (nor reported for ranks 3)"),
-])  # fmt: skip
-def test_a_stopped_rank_of_another_group_is_named_by_its_leader_or_by_rank_0(tmp_path, stopped, reporter, named):
+@pytest.mark.parametrize(
+    ("stopped", "reporter", "named"),
+    [
+        ("3", "2", "rank(s) 3 of 4 have not arrived"),
+        ("2", "0", "rank(s) 2 of 4 have not arrived (nor reported for ranks 3)"),
+    ],
+)
+def test_a_stopped_rank_of_another_group_is_named_by_its_leader_or_by_rank_0(
+    tmp_path, stopped, reporter, named
+):
     """At 4 ranks the arrival notices travel in two groups, ranks 0-1 and 2-3: rank 2
     collects its group's and names a stopped rank 3; rank 0 names rank 2 when that
     leader itself never reports (it cannot tell whether rank 3 arrived)."""
     stderr = stopped_job_stderr(tmp_path, f"save.sync:{stopped}:stop:2", "posix", ranks=4)
-    reports = re.findall(r"hpckpt: phase 'save step 20: sync': (.*?); the others wait there after \d+ s "
-                         r"\(rank (\d) on ", stderr)  # fmt: skip
+    reports = re.findall(
+        r"hpckpt: phase 'save step 20: sync': (.*?); the others wait there after \d+ s "
+        r"\(rank (\d) on ",
+        stderr,
+    )
     assert reports == [(named, reporter)], stderr[-3000:]
 
 
-@pytest.mark.parametrize(("stopped", "reporter", "named"), [
-    ("3", "2", "rank(s) 3 of 4 have not arrived"),
-    ("2", "0", "rank(s) 2 of 4 have not arrived (nor reported for ranks 3)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("stopped", "reporter", "named"),
+    [
+        ("3", "2", "rank(s) 3 of 4 have not arrived"),
+        ("2", "0", "rank(s) 2 of 4 have not arrived (nor reported for ranks 3)"),
+    ],
+)
 def test_a_rank_stopped_in_the_merge_in_groups_is_named(tmp_path, monkeypatch, stopped, reporter, named):
     """The first save's plans merged by the groups' leaders (from 2 ranks on here): a
     member stopped before its leader's merge is named by that leader, a stopped leader
     by rank 0."""
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
     stderr = stopped_job_stderr(tmp_path, f"save.merge:{stopped}:stop:1", "posix", ranks=4)
-    reports = re.findall(r"hpckpt: phase 'save step 10: merge in groups': (.*?); the others wait there after \d+ s "
-                         r"\(rank (\d) on ", stderr)  # fmt: skip
+    reports = re.findall(
+        r"hpckpt: phase 'save step 10: merge in groups': (.*?); the others wait there after \d+ s "
+        r"\(rank (\d) on ",
+        stderr,
+    )
     assert reports == [(named, reporter)], stderr[-3000:]
 
 
 def test_a_rank_stopped_while_restoring_is_named(tmp_path):
     run_dir = tmp_path / "run"
     assert run(heat_command(3, run_dir, "--backend", "posix", iters=20)).returncode == 0
-    stopped = run(heat_command(3, run_dir, "--backend", "posix", iters=40),
-                  env={"HPCKPT_FAULT": "restore.read:2:stop", "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)})  # fmt: skip
+    stopped = run(
+        heat_command(3, run_dir, "--backend", "posix", iters=40),
+        env={"HPCKPT_FAULT": "restore.read:2:stop", "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)},
+    )
     assert stopped.returncode != 0
-    assert "hpckpt: phase 'restore step 10: read': rank(s) 2 of 3 have not arrived" in stopped.stderr, stopped.stderr[-3000:]
+    assert "hpckpt: phase 'restore step 10: read': rank(s) 2 of 3 have not arrived" in stopped.stderr, (
+        stopped.stderr[-3000:]
+    )
 
 
 def test_the_deadline_must_be_a_number(tmp_path):
     bad = run(heat_command(2, tmp_path / "run", iters=20), env={"HPCKPT_PHASE_TIMEOUT": "soon"})
     assert bad.returncode != 0
-    assert "HPCKPT_PHASE_TIMEOUT='soon': expected a number of seconds >= 0 (0 turns the watchdog off)" in bad.stderr
+    assert (
+        "HPCKPT_PHASE_TIMEOUT='soon': expected a number of seconds >= 0 (0 turns the watchdog off)"
+        in bad.stderr
+    )
 
 
 def test_a_rank_that_never_joins_the_collective_write_is_named(tmp_path):
     """Rank 1 stops at the write of an ADIOS2 save: the others wait for it before entering
     ADIOS2's collective I/O, where rank 0 can still see who is missing."""
     stderr = stopped_job_stderr(tmp_path, "save.write:1:stop:2", "adios2")
-    assert ("hpckpt: phase 'save step 20: write (before the collective I/O)': rank(s) 1 of 3 have not arrived; "
-            "the others wait there after") in stderr, stderr[-3000:]  # fmt: skip
+    assert (
+        "hpckpt: phase 'save step 20: write (before the collective I/O)': rank(s) 1 of 3 have not arrived; "
+        "the others wait there after"
+    ) in stderr, stderr[-3000:]
 
 
 def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
@@ -104,8 +138,11 @@ def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
     others wait inside ADIOS2, not at an agreement, and say so once the write's deadline
     has passed (from inside the library they cannot see who is missing)."""
     stderr = stopped_job_stderr(tmp_path, "save.collective_io:1:stop:2", "adios2")
-    reports = re.findall(r"hpckpt: phase 'save step 20: write': this rank is still inside the phase's collective I/O, "
-                         r"which another rank has not joined or finished after \d+ s \(rank ([02]) on ", stderr)  # fmt: skip
+    reports = re.findall(
+        r"hpckpt: phase 'save step 20: write': this rank is still inside the phase's collective I/O, "
+        r"which another rank has not joined or finished after \d+ s \(rank ([02]) on ",
+        stderr,
+    )
     assert reports, stderr[-3000:]
 
 
@@ -116,10 +153,18 @@ def stopped_job_stderr(tmp_path, fault: str, backend: str, ranks: int = 3) -> st
     grace periods as long): the job is then killed after three deadlines and ten
     seconds, and its output read all the same."""
     log = tmp_path / "faults.log"
-    env = {**os.environ, "HPCKPT_FAULT": fault, "HPCKPT_FAULT_LOG": str(log), "HPCKPT_PHASE_TIMEOUT": str(DEADLINE)}
+    env = {
+        **os.environ,
+        "HPCKPT_FAULT": fault,
+        "HPCKPT_FAULT_LOG": str(log),
+        "HPCKPT_PHASE_TIMEOUT": str(DEADLINE),
+    }
     try:
-        stderr = run_group(heat_command(ranks, tmp_path / "run", "--backend", backend, iters=60),
-                           timeout=3 * DEADLINE + 10, env=env).stderr  # fmt: skip
+        stderr = run_group(
+            heat_command(ranks, tmp_path / "run", "--backend", backend, iters=60),
+            timeout=3 * DEADLINE + 10,
+            env=env,
+        ).stderr
     except subprocess.TimeoutExpired as stuck:
         stderr = stuck.stderr
     assert log.read_text().split()[:4] == fault.split(":")

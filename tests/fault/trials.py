@@ -79,8 +79,15 @@ def run_with_external_kill(command: list[str], ranks: int, rng: random.Random) -
     return Finished(process.returncode, stdout, stderr), Landed(victim, "external", pids[victim])
 
 
-def first_attempt(command: list[str], tmp_path: Path, ranks: int, rng: random.Random, *, fault: str | None = None,
-                  crash: bool = False) -> Landed:  # fmt: skip
+def first_attempt(
+    command: list[str],
+    tmp_path: Path,
+    ranks: int,
+    rng: random.Random,
+    *,
+    fault: str | None = None,
+    crash: bool = False,
+) -> Landed:
     """Run the first attempt with its fault and check it died of it: ``fault`` is an
     ``HPCKPT_FAULT`` spec, ``crash`` says the command crashes itself, otherwise a random
     rank is killed from outside. Returns where the fault landed."""

@@ -73,14 +73,20 @@ def test_cuda_torch_tensors_round_trip_in_place_bfloat16_too(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU")
-    weights = torch.nn.Parameter(torch.arange(1000, dtype=torch.float32, device="cuda") * 0.5)  # requires grad
-    saved = {"w": hpckpt.Replicated(weights), "m": hpckpt.Local(torch.ones(3, 5, device="cuda")),
-             "b": hpckpt.Local(torch.randn(4, 9, device="cuda").to(torch.bfloat16))}  # fmt: skip
+    # requires grad
+    weights = torch.nn.Parameter(torch.arange(1000, dtype=torch.float32, device="cuda") * 0.5)
+    saved = {
+        "w": hpckpt.Replicated(weights),
+        "m": hpckpt.Local(torch.ones(3, 5, device="cuda")),
+        "b": hpckpt.Local(torch.randn(4, 9, device="cuda").to(torch.bfloat16)),
+    }
     with hpckpt.Checkpointer(tmp_path / "gpu", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
         checkpointer.save(1, saved)
-        target = {"w": hpckpt.Replicated(torch.nn.Parameter(torch.zeros(1000, device="cuda"))),
-                  "m": hpckpt.Local(torch.zeros(3, 5, device="cuda")),
-                  "b": hpckpt.Local(torch.zeros(4, 9, device="cuda", dtype=torch.bfloat16))}  # fmt: skip
+        target = {
+            "w": hpckpt.Replicated(torch.nn.Parameter(torch.zeros(1000, device="cuda"))),
+            "m": hpckpt.Local(torch.zeros(3, 5, device="cuda")),
+            "b": hpckpt.Local(torch.zeros(4, 9, device="cuda", dtype=torch.bfloat16)),
+        }
         pointers = {name: leaf.array.data_ptr() for name, leaf in target.items()}
         checkpointer.restore(target)
     for name, leaf in target.items():

@@ -20,7 +20,9 @@ def state_of(comm, step: int) -> dict:
     rows = 64
     field = np.arange(rows * 256, dtype=np.float64).reshape(rows, 256) + step * 1000 + comm.rank
     return {
-        "field": hpckpt.Distributed(field, global_shape=(rows * comm.size, 256), offset=(rows * comm.rank, 0)),
+        "field": hpckpt.Distributed(
+            field, global_shape=(rows * comm.size, 256), offset=(rows * comm.rank, 0)
+        ),
         "tail": hpckpt.Local(np.full(100 + comm.rank, step, dtype=np.int64)),
         "table": hpckpt.Replicated(np.linspace(0, step, 33)),
         "step": step,
@@ -62,7 +64,9 @@ def main() -> None:
         if checkpointer is None or agreed.random() < 0.1:
             if checkpointer is not None:
                 checkpointer.close()
-            checkpointer = hpckpt.Checkpointer(directory, comm=world, backend=backend, keep=2, max_in_flight=2)
+            checkpointer = hpckpt.Checkpointer(
+                directory, comm=world, backend=backend, keep=2, max_in_flight=2
+            )
         handle = checkpointer.save(step, state_of(world, step), blocking=False)
         application_work(world, rng)
         if agreed.random() < 0.1:

@@ -149,7 +149,11 @@ def check(run_dir: Path, options: dict[str, Any]) -> tuple[str, str]:
         findings = [str(exc)]
     if step == 2 and matches(state, 2.0) and not fallbacks and not findings:
         return "harmless", ""
-    named = len(fallbacks) == 1 and fallbacks[0].startswith("checkpoint step 2 ") and "step-00000002" in fallbacks[0]
+    named = (
+        len(fallbacks) == 1
+        and fallbacks[0].startswith("checkpoint step 2 ")
+        and "step-00000002" in fallbacks[0]
+    )
     if step == 1 and matches(state, 1.0) and named and findings:
         return "detected", fallbacks[0]
     data = "state 2" if matches(state, 2.0) else "state 1" if matches(state, 1.0) else "other data"
@@ -177,7 +181,11 @@ def main() -> None:
     shutil.copytree(saved, run_dir)
     step_dir = run_dir / "step-00000002"
     saved_state = state_of(2.0)
-    arrays = [] if "backend_options" in options else [saved_state[key].array.tobytes() for key in ("field", "counts", "table")]
+    arrays = (
+        []
+        if "backend_options" in options
+        else [saved_state[key].array.tobytes() for key in ("field", "counts", "table")]
+    )
     ranges = data_ranges(step_dir, arrays)
     todo = damages(step_dir, ranges, stride)[part::parts]
     current = Path(str(report_path) + ".current")
@@ -209,15 +217,30 @@ def main() -> None:
         slowest = max(slowest, (took, damage), key=lambda pair: pair[0])
         largest = max(largest, (grown, damage), key=lambda pair: pair[0])
     current.unlink()
-    files = {name: {"bytes": (step_dir / name).stat().st_size, "data_bytes": sum(b - a for a, b in spans),
-                    "flips": sum(d["kind"] == "flip" for d in todo if d["file"] == name),
-                    "cuts": sum(d["kind"] == "cut" for d in todo if d["file"] == name)}
-             for name, spans in ((str(p.relative_to(step_dir)), ranges.get(str(p.relative_to(step_dir)), []))
-                                 for p in step_dir.rglob("*") if p.is_file())}  # fmt: skip
-    report_path.write_text(json.dumps({
-        "backend": name, "files": files, "checks": len(todo), "counts": counts, "failures": failures,
-        "seconds": time.monotonic() - started, "slowest_check": slowest, "largest_peak_growth_kib": largest,
-    }, indent=1))  # fmt: skip
+    files = {
+        name: {
+            "bytes": (step_dir / name).stat().st_size,
+            "data_bytes": sum(b - a for a, b in spans),
+            "flips": sum(d["kind"] == "flip" for d in todo if d["file"] == name),
+            "cuts": sum(d["kind"] == "cut" for d in todo if d["file"] == name),
+        }
+        for name, spans in (
+            (str(p.relative_to(step_dir)), ranges.get(str(p.relative_to(step_dir)), []))
+            for p in step_dir.rglob("*")
+            if p.is_file()
+        )
+    }
+    report = {
+        "backend": name,
+        "files": files,
+        "checks": len(todo),
+        "counts": counts,
+        "failures": failures,
+        "seconds": time.monotonic() - started,
+        "slowest_check": slowest,
+        "largest_peak_growth_kib": largest,
+    }
+    report_path.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ def main() -> None:
     frozen = np.random.default_rng([7, comm.rank]).standard_normal((rows, 256))
     head = np.zeros(16)
     state = {
-        "frozen": hpckpt.Distributed(frozen, global_shape=(rows * comm.size, 256), offset=(rows * comm.rank, 0)),
+        "frozen": hpckpt.Distributed(
+            frozen, global_shape=(rows * comm.size, 256), offset=(rows * comm.rank, 0)
+        ),
         "head": hpckpt.Local(head),
         "step": 0,
     }

@@ -32,7 +32,8 @@ CHAIN_MODULUS = 2**61 - 1
 
 
 def order_digest(iteration: int, sources: list[int]) -> int:
-    return (iteration * 1000003 + sum(source * 10**position for position, source in enumerate(sources))) % CHAIN_MODULUS
+    ordered = sum(source * 10**position for position, source in enumerate(sources))
+    return (iteration * 1000003 + ordered) % CHAIN_MODULUS
 
 
 def main() -> int:
@@ -41,8 +42,12 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=60)
     parser.add_argument("--every", type=int, default=6)
     parser.add_argument("--backend", default="posix")
-    parser.add_argument("--crash", help="RANK:ITER: that rank SIGKILLs itself at that iteration (first attempt)")
-    parser.add_argument("--ulfm", action="store_true", help="recovery='ulfm' (mpiexec --with-ft ulfm): survivors go on")
+    parser.add_argument(
+        "--crash", help="RANK:ITER: that rank SIGKILLs itself at that iteration (first attempt)"
+    )
+    parser.add_argument(
+        "--ulfm", action="store_true", help="recovery='ulfm' (mpiexec --with-ft ulfm): survivors go on"
+    )
     parser.add_argument("--pace", type=float, default=0.0, help="sleep this many seconds per iteration")
     args = parser.parse_args()
     from mpi4py import MPI
@@ -54,8 +59,11 @@ def main() -> int:
     crash_rank, crash_iter = (int(x) for x in args.crash.split(":")) if args.crash else (-1, -1)
     log_peak = 0
     recovery = "ulfm" if args.ulfm else None
-    with hpckpt.Checkpointer(args.dir, comm=world, protocol="uncoordinated", backend=args.backend, recovery=recovery) as ckpt:
-        if args.ulfm:  # a replacement's COMM_WORLD holds only itself; gather on ckpt.comm's, before closing it
+    with hpckpt.Checkpointer(
+        args.dir, comm=world, protocol="uncoordinated", backend=args.backend, recovery=recovery
+    ) as ckpt:
+        # a replacement's COMM_WORLD holds only itself; gather on ckpt.comm's, before closing it
+        if args.ulfm:
             world = ckpt.comm.unlogged
         rank, size = world.rank, world.size
         state = {
@@ -77,7 +85,9 @@ def main() -> int:
             if (rank, iteration) == (crash_rank, crash_iter) and first_attempt():
                 crash(f"app.iteration.{iteration}")
             received = np.empty(8)
-            comm.Sendrecv(acc * 0.5 + iteration, dest=right, sendtag=1, recvbuf=received, source=left, recvtag=1)
+            comm.Sendrecv(
+                acc * 0.5 + iteration, dest=right, sendtag=1, recvbuf=received, source=left, recvtag=1
+            )
             back = np.empty(8)
             requests = [comm.Irecv(back, source=right, tag=4), comm.Isend(acc[::-1].copy(), dest=left, tag=4)]
             comm.Waitall(requests)

@@ -35,7 +35,9 @@ def main() -> None:
     arrays = expected(comm.size)
     first, count = rows_of(comm.size, comm.rank)
     state = {
-        "field": hpckpt.Distributed(arrays["field"][first : first + count], global_shape=(ROWS, COLS), offset=(first, 0)),
+        "field": hpckpt.Distributed(
+            arrays["field"][first : first + count], global_shape=(ROWS, COLS), offset=(first, 0)
+        ),
         "rng": hpckpt.Local(arrays["rng"][comm.rank]),
         "table": hpckpt.Replicated(arrays["table"]),
         "iteration": 7,

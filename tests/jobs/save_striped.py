@@ -22,7 +22,9 @@ def main() -> None:
     def state(value: float) -> dict:
         field = np.full((rows, 1024), value + comm.rank)
         return {
-            "u": hpckpt.Distributed(field, global_shape=(rows * comm.size, 1024), offset=(rows * comm.rank, 0)),
+            "u": hpckpt.Distributed(
+                field, global_shape=(rows * comm.size, 1024), offset=(rows * comm.rank, 0)
+            ),
             "table": hpckpt.Replicated(np.arange(10.0) * value),
         }
 

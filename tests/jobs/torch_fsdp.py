@@ -56,7 +56,8 @@ def main() -> int:
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(comm.bcast(29500 + os.getpid() % 1000 if comm.rank == 0 else None)))
+    port = comm.bcast(29500 + os.getpid() % 1000 if comm.rank == 0 else None)
+    os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
     torch.manual_seed(0 if args.save else 7)  # the check starts from other weights
     model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
@@ -83,7 +84,10 @@ def main() -> int:
                 raise SystemExit(f"fsdp: restored tensors differ from the saved ones: {differ}")
             train(model, optimizer, range(step, step + 2), comm.rank)
             if comm.rank == 0:
-                print(f"fsdp: restored step {step} on {comm.size} ranks: {count} tensors bit for bit", flush=True)
+                print(
+                    f"fsdp: restored step {step} on {comm.size} ranks: {count} tensors bit for bit",
+                    flush=True,
+                )
     dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
     return 0

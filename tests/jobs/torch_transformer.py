@@ -31,7 +31,9 @@ class TinyTransformer(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, WIDTH)
-        layer = torch.nn.TransformerEncoderLayer(WIDTH, HEADS, dim_feedforward=64, dropout=0.1, batch_first=True)
+        layer = torch.nn.TransformerEncoderLayer(
+            WIDTH, HEADS, dim_feedforward=64, dropout=0.1, batch_first=True
+        )
         self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2)
         self.head = torch.nn.Linear(WIDTH, VOCAB)
 
@@ -55,7 +57,8 @@ def main() -> int:
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(comm.bcast(29500 + os.getpid() % 1000 if comm.rank == 0 else None)))
+    port = comm.bcast(29500 + os.getpid() % 1000 if comm.rank == 0 else None)
+    os.environ.setdefault("MASTER_PORT", str(port))
     dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
     torch.manual_seed(0)  # the same initial weights on every rank
     torch.use_deterministic_algorithms(True)
@@ -84,8 +87,11 @@ def main() -> int:
         checkpointer.finish()
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     if comm.rank == 0:
-        print(f"torch_train: done steps={args.steps} resumed_from={resumed} loss={loss.item()!r} checksum={digest}",
-              flush=True)
+        print(
+            f"torch_train: done steps={args.steps} resumed_from={resumed} "
+            f"loss={loss.item()!r} checksum={digest}",
+            flush=True,
+        )
     dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
     return 0

@@ -33,7 +33,10 @@ def main() -> int:
     comm = MPI.COMM_WORLD
     rows = 1000
     x = np.random.default_rng(comm.rank).standard_normal(rows)
-    state = {"x": hpckpt.Distributed(x, global_shape=(rows * comm.size,), offset=(rows * comm.rank,)), "it": 0}
+    state = {
+        "x": hpckpt.Distributed(x, global_shape=(rows * comm.size,), offset=(rows * comm.rank,)),
+        "it": 0,
+    }
     with hpckpt.Checkpointer(args.dir, comm=comm, backend="posix") as checkpointer, JobControl(comm) as job:
         resumed = checkpointer.restore(state)
         first_attempt = os.environ.get("HPCKPT_ATTEMPT", "0") == "0"

@@ -37,7 +37,9 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--root", help="the lab's directory (default: a new temporary one)")
     run = commands.choices["run"]
     run.add_argument("--fault", choices=FAULTS, default="none")
-    run.add_argument("--at", metavar="POINT:RANK:NTH", help="where the fault lands (an HPCKPT_FAULT stop point)")
+    run.add_argument(
+        "--at", metavar="POINT:RANK:NTH", help="where the fault lands (an HPCKPT_FAULT stop point)"
+    )
     run.add_argument("--relaunch", action="store_true", help="run the program again after the fault")
     run.add_argument("--timeout", type=float, default=300, help="seconds per job (default 300)")
     run.add_argument("program", nargs=argparse.REMAINDER, help="-- the program and its arguments")
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace, lab: Lab) -> int:
 
 
 def shell(args: argparse.Namespace, lab: Lab) -> int:
-    line = " ".join(shlex.quote(word) for word in lab.mpiexec(["python3", "app.py"], ranks_per_node=args.ranks_per_node))
+    command = lab.mpiexec(["python3", "app.py"], ranks_per_node=args.ranks_per_node)
+    line = " ".join(shlex.quote(word) for word in command)
     print(f"{len(lab.nodes)} nodes are up; the shared file system is {lab.pfs} (disk: {lab.disk}).")
     print(f"In another shell:\n  export HPCKPT_LAB_ROOT={lab.root}\n  cd {lab.pfs} && {line}")
     print("Ctrl-C ends the nodes.")

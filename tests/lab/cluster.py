@@ -81,7 +81,8 @@ class Node:
         self.tmp = lab.root / "nodes" / f"{name}.tmp"  # the node's TMPDIR (see nodeexec)
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.tmp.mkdir(parents=True)
-        self.first_pid = first_pid = 100000 * index  # distinct process ids on every node, kept by a replacement
+        # distinct process ids on every node, kept by a replacement
+        self.first_pid = first_pid = 100000 * index
         script = (
             f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
             f"echo {first_pid} > /proc/sys/kernel/ns_last_pid && "
@@ -89,7 +90,10 @@ class Node:
             "exec sleep infinity"
         )
         self._unshare = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private", "bash", "-c", script],
+            [
+                "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                "bash", "-c", script,
+            ],
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
@@ -120,11 +124,15 @@ class Node:
                 return
             time.sleep(0.02)
         log = (self.lab.root / f"{self.name}.nodecache.log").read_text(errors="replace")
-        raise LabError(f"node {self.name}: the shared file system was not mounted within {START_TIMEOUT} s: {log}")
+        raise LabError(
+            f"node {self.name}: the shared file system was not mounted within {START_TIMEOUT} s: {log}"
+        )
 
     def run(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
         """Run ``command`` inside this node (in the caller's working directory)."""
-        enter = ["nsenter", "-t", str(self.init_pid), "--mount", "--uts", "--pid", f"--wd={os.getcwd()}", "--"]
+        enter = [
+            "nsenter", "-t", str(self.init_pid), "--mount", "--uts", "--pid", f"--wd={os.getcwd()}", "--"
+        ]
         return subprocess.run(enter + command, **kwargs)
 
     def owns(self, pid: int) -> bool:
@@ -200,9 +208,10 @@ class Lab:
         hosts = ",".join(f"{name}:{ranks_per_node}" for name in self.nodes)
         return [
             mpiexec, "--mca", "plm_rsh_agent", str(NODEEXEC), "--host", hosts,
-            "--map-by", f"ppr:{ranks_per_node}:node:OVERSUBSCRIBE", "-n", str(ranks_per_node * len(self.nodes)),
+            "--map-by", f"ppr:{ranks_per_node}:node:OVERSUBSCRIBE",
+            "-n", str(ranks_per_node * len(self.nodes)),
             *flags, *command,
-        ]  # fmt: skip
+        ]
 
     def mpiexec(self, command: list[str], ranks_per_node: int = 2) -> list[str]:
         """An MPICH ``mpiexec`` command line running ``command`` across the nodes."""
@@ -210,9 +219,10 @@ class Lab:
         return [
             "mpiexec", "-launcher", "ssh", "-launcher-exec", str(NODEEXEC), "-hosts", hosts,
             "-n", str(ranks_per_node * len(self.nodes)),
-            "-genv", "UCX_TLS", "tcp", "-genv", "UCX_NET_DEVICES", "lo", "-genv", "LD_PRELOAD", str(UCX_NO_DISCONNECT),
+            "-genv", "UCX_TLS", "tcp", "-genv", "UCX_NET_DEVICES", "lo",
+            "-genv", "LD_PRELOAD", str(UCX_NO_DISCONNECT),
             *command,
-        ]  # fmt: skip
+        ]
 
     def start(self, command: list[str], env: dict[str, str] | None = None) -> Job:
         """Start ``command`` (an ``mpiexec`` line, or ``hpckpt run -- mpiexec ...``) on the host."""
@@ -247,7 +257,9 @@ class Lab:
                 return name
         raise LabError(f"process {pid} runs on no lab node")
 
-    def lose_node(self, name: str, *, replace: bool = True, rank: int | None = None, point: str | None = None) -> None:
+    def lose_node(
+        self, name: str, *, replace: bool = True, rank: int | None = None, point: str | None = None
+    ) -> None:
         """Node ``name`` dies: every process, its ``/dev/shm``, its unsynced writes.
 
         With ``replace``, a fresh node of the same name (empty ``/dev/shm``, empty
@@ -354,7 +366,9 @@ class Job:
             self.stdout, self.stderr = self.process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise LabError(f"job {self.job_id} did not finish within {timeout} s:\n{self.stderr[-3000:]}") from None
+            raise LabError(
+                f"job {self.job_id} did not finish within {timeout} s:\n{self.stderr[-3000:]}"
+            ) from None
         self.returncode = self.process.returncode
 
     def kill(self) -> None:

@@ -31,7 +31,14 @@ class LabSlurm(SlurmCluster):
             line
             for line in super()._config().splitlines()
             if not line.startswith(
-                ("NodeName=", "PartitionName=", "SlurmdPort=", "SlurmdSpoolDir=", "SlurmdPidFile=", "SlurmdLogFile=")
+                (
+                    "NodeName=",
+                    "PartitionName=",
+                    "SlurmdPort=",
+                    "SlurmdSpoolDir=",
+                    "SlurmdPidFile=",
+                    "SlurmdLogFile=",
+                )
             )
         ]
         root = self.root
@@ -40,7 +47,10 @@ class LabSlurm(SlurmCluster):
             f"SlurmdPidFile={root}/slurmd-%n.pid",
             f"SlurmdLogFile={root}/log/slurmd-%n.log",
             f"SlurmdTimeout={SLURMD_TIMEOUT}",
-            *(f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs=4 State=UNKNOWN" for name, port in self.ports.items()),
+            *(
+                f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs=4 State=UNKNOWN"
+                for name, port in self.ports.items()
+            ),
             f"PartitionName=test Nodes={','.join(self.ports)} Default=YES MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
@@ -52,11 +62,15 @@ class LabSlurm(SlurmCluster):
     def start_slurmd(self, name: str) -> None:
         """Start node ``name``'s slurmd inside it."""
         (self.root / "spool" / name).mkdir(parents=True, exist_ok=True)
-        self.lab.nodes[name].run(["/usr/sbin/slurmd", "-N", name, "-f", str(self.conf)], check=True, env=self.env)
+        self.lab.nodes[name].run(
+            ["/usr/sbin/slurmd", "-N", name, "-f", str(self.conf)], check=True, env=self.env
+        )
 
     def _ready(self) -> bool:
         """Whether every lab node is idle (ready for jobs)."""
-        listing = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env).stdout
+        listing = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, env=self.env
+        ).stdout
         idle = [line.split()[0] for line in listing.splitlines() if line.split()[1:] == ["idle"]]
         return sorted(idle) == sorted(self.lab.nodes)
 

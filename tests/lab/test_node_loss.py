@@ -25,7 +25,10 @@ LEVELS = ["--local", "default", "--flush-every", "0"]
 
 def train(*args: str) -> list[str]:
     """The training example's command line; later options override the defaults."""
-    return [sys.executable, "-m", "hpckpt.examples.train", "--steps", "60", "--every", "10", "--dir", "ckpt", *args]
+    return [
+        sys.executable, "-m", "hpckpt.examples.train",
+        "--steps", "60", "--every", "10", "--dir", "ckpt", *args,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +78,9 @@ def test_a_lost_node_is_rebuilt_and_the_job_resumes_on_a_fresh_node(
     lab.lose_node(victim_node, rank=victim_rank, point="save.plan")
     job.kill()
     fresh = lab.nodes[victim_node].run(["ls", "-A", "/dev/shm"], capture_output=True, text=True)
-    assert fresh.returncode == 0 and fresh.stdout == "", f"the replacement node's /dev/shm is not empty: {fresh.stdout}"
+    assert fresh.returncode == 0 and fresh.stdout == "", (
+        f"the replacement node's /dev/shm is not empty: {fresh.stdout}"
+    )
     assert not list((lab.disk / "ckpt").glob("step-*")), "nothing was to reach the shared file system"
 
     relaunch = lab.run(lab.mpiexec(command, ranks_per_node=per_node))

@@ -59,7 +59,13 @@ def fault_of(seed: int, protocol: str, keep: int = 100) -> tuple[str, int, int]:
 
 
 CASES = [
-    pytest.param(backend, protocol, blocking, keep, id=f"{backend}-{protocol}-{'blocking' if blocking else 'async'}-keep{keep}")
+    pytest.param(
+        backend,
+        protocol,
+        blocking,
+        keep,
+        id=f"{backend}-{protocol}-{'blocking' if blocking else 'async'}-keep{keep}",
+    )
     for backend in BACKENDS
     for protocol in ("coordinated", "uncoordinated")
     for blocking in (True, False)
@@ -86,27 +92,43 @@ if SOAK:  # collected only for `make soak`
         power_loss_trial(lab, heat_reference, *case, seed=10_000 + trial)
 
 
-SHARDED = {"HPCKPT_MANIFEST_SHARD_RANKS": "2"}  # shards of ranks 0-1 (written on node1) and 2-3 (by rank 2, on node2)
+# shards of ranks 0-1 (written on node1) and 2-3 (by rank 2, on node2)
+SHARDED = {"HPCKPT_MANIFEST_SHARD_RANKS": "2"}
 
 
-@pytest.mark.parametrize("backend, blocking", [("hdf5", True), ("adios2", True), ("posix", True), ("posix", False)])
+@pytest.mark.parametrize(
+    "backend, blocking", [("hdf5", True), ("adios2", True), ("posix", True), ("posix", False)]
+)
 def test_sharded_manifests_survive_a_power_loss(lab, heat_reference, backend, blocking):
     """Rank 2, the leader of node2's ranks, stops before writing its shard of the third
     save; the two committed steps' second shards went through node2's cache only."""
-    steps = power_loss_trial(lab, heat_reference, backend, "coordinated", blocking, 100, 0, ("save.shard", 2, 3), SHARDED)
+    steps = power_loss_trial(
+        lab, heat_reference, backend, "coordinated", blocking, 100, 0, ("save.shard", 2, 3), SHARDED
+    )
     reader = CheckpointReader(lab.disk / "ckpt")
     assert steps == [10, 20] and all(
-        [shard.file for shard in reader.manifest(step).shards] == ["manifest-shard-00000.json", "manifest-shard-00002.json"]
+        [shard.file for shard in reader.manifest(step).shards]
+        == ["manifest-shard-00000.json", "manifest-shard-00002.json"]
         for step in steps
     )
 
 
-def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking: bool, keep: int, seed: int,
-                     fault: tuple[str, int, int] | None = None, env: dict[str, str] | None = None) -> list[int]:  # fmt: skip
+def power_loss_trial(
+    lab,
+    heat_reference,
+    backend: str,
+    protocol: str,
+    blocking: bool,
+    keep: int,
+    seed: int,
+    fault: tuple[str, int, int] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[int]:
     """One trial (see the module docstring), with a seeded ``fault`` unless one is given;
     the steps committed before the fault (of rank 0's directory when uncoordinated)."""
     point, rank, nth = fault or fault_of(seed, protocol, keep)
-    options = ["--backend", backend, "--protocol", protocol, "--keep", str(keep)] + ([] if blocking else ["--async"])
+    options = ["--backend", backend, "--protocol", protocol, "--keep", str(keep)]
+    options += [] if blocking else ["--async"]
     log = lab.root / "faults.log"
     job = lab.start(
         lab.mpiexec(heat("ckpt", *options)),
@@ -124,13 +146,17 @@ def power_loss_trial(lab, heat_reference, backend: str, protocol: str, blocking:
         assert steps, f"the fault came before any step was committed ({key}): it tests nothing"
         if keep == 2:
             assert steps[0] > 10, f"no step was deleted yet, so no recycled files were written into: {steps}"
-        assert set(steps) <= set(after[key]), f"committed steps were lost by the power loss: {before} -> {after}"
+        assert set(steps) <= set(after[key]), (
+            f"committed steps were lost by the power loss: {before} -> {after}"
+        )
         if protocol == "coordinated":
             assert after == before  # nobody can commit while a rank is stopped
     for key, path in run_dirs(lab.disk, protocol).items():
         reader = CheckpointReader(path)
         for step in after[key]:
-            assert reader.verify(step) == [], f"committed step {step} of {path} is damaged after the power loss"
+            assert reader.verify(step) == [], (
+                f"committed step {step} of {path} is damaged after the power loss"
+            )
 
     relaunch = lab.run(lab.mpiexec(heat("ckpt", *options)), env=env)
     result = Finished(relaunch.returncode, relaunch.stdout, relaunch.stderr)
@@ -146,8 +172,10 @@ def test_a_killed_rank_is_relaunched_from_the_newest_committed_step(lab, heat_re
     """A rank SIGKILLed at a seeded save point; ``hpckpt run`` relaunches the job once."""
     point, rank, nth = fault_of(sum(map(ord, f"kill{backend}")), "coordinated")
     log = lab.root / "faults.log"
-    command = [sys.executable, "-m", "hpckpt", "run", "--delay", "0", "--max-restarts", "1", "--",
-               *lab.mpiexec(heat("ckpt", "--backend", backend))]  # fmt: skip
+    command = [
+        sys.executable, "-m", "hpckpt", "run", "--delay", "0", "--max-restarts", "1", "--",
+        *lab.mpiexec(heat("ckpt", "--backend", backend)),
+    ]
     job = lab.start(command, env={"HPCKPT_FAULT": f"{point}:{rank}:stop:{nth}", "HPCKPT_FAULT_LOG": str(log)})
     stopped = job.wait_stopped()
     assert (stopped.rank, stopped.node) == (rank, f"node{rank // 2 + 1}")

@@ -41,10 +41,15 @@ def test_a_lost_node_fails_the_job_which_is_requeued_and_ends_bit_for_bit(lab_sl
     env = {
         "HPCKPT_RUN_DIR": str(lab.pfs / "ckpt"),
         "HEAT_ARGS": " ".join(PACED + ("--backend", "posix")),
-        "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "LD_PRELOAD": str(UCX_NO_DISCONNECT),
-        "HPCKPT_FAULT": "save.plan:3:stop:3", "HPCKPT_FAULT_LOG": str(log),
-    }  # fmt: skip
-    job = submit(cluster, "heat.sbatch", tmp_path / "work", "-N", "2", "--ntasks-per-node", "2", "--requeue", env=env)
+        "UCX_TLS": "tcp",
+        "UCX_NET_DEVICES": "lo",
+        "LD_PRELOAD": str(UCX_NO_DISCONNECT),
+        "HPCKPT_FAULT": "save.plan:3:stop:3",
+        "HPCKPT_FAULT_LOG": str(log),
+    }
+    job = submit(
+        cluster, "heat.sbatch", tmp_path / "work", "-N", "2", "--ntasks-per-node", "2", "--requeue", env=env
+    )
     deadline = time.monotonic() + 60
     while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.mpi(min_size=2)
 def state_of(comm, value: float) -> dict:
     rows = 3
     return {
-        "u": hpckpt.Distributed(np.full((rows, 4), value), global_shape=(rows * comm.size, 4), offset=(rows * comm.rank, 0)),
-        "tail": hpckpt.Local(np.full(40_000 + comm.rank, value), resizable=True),  # over PACK_LIMIT: not packed
+        "u": hpckpt.Distributed(
+            np.full((rows, 4), value), global_shape=(rows * comm.size, 4), offset=(rows * comm.rank, 0)
+        ),
+        # over PACK_LIMIT: not packed
+        "tail": hpckpt.Local(np.full(40_000 + comm.rank, value), resizable=True),
         "it": value,
     }
 
@@ -65,7 +68,9 @@ def test_a_wrong_manifest_falls_back_with_a_warning_naming_it(world, mpi_tmp_pat
     assert f"checkpoint step 2 ({manifest_path}) does not match the state" in messages[0]
     assert messages[0].endswith("falling back to step 1")
     if how == "local_shape":
-        assert "declares shape (500000000000,) (4000000000000 bytes), more than the step can hold" in messages[0]
+        assert (
+            "declares shape (500000000000,) (4000000000000 bytes), more than the step can hold" in messages[0]
+        )
 
 
 def test_a_state_that_matches_no_step_is_still_a_mismatch_error(world, mpi_tmp_path):
@@ -74,6 +79,10 @@ def test_a_state_that_matches_no_step_is_still_a_mismatch_error(world, mpi_tmp_p
         checkpointer.save(1, state_of(world, 1.0))
         checkpointer.save(2, state_of(world, 2.0))
         changed = state_of(world, 0.0)
-        changed["u"] = hpckpt.Distributed(np.zeros((3, 5)), global_shape=(3 * world.size, 5), offset=(3 * world.rank, 0))
-        with pytest.raises(hpckpt.StateMismatchError, match=r"(?s)does not match checkpoint step 2 .*global_shape \(\d+, 5\)"):
+        changed["u"] = hpckpt.Distributed(
+            np.zeros((3, 5)), global_shape=(3 * world.size, 5), offset=(3 * world.rank, 0)
+        )
+        with pytest.raises(
+            hpckpt.StateMismatchError, match=r"(?s)does not match checkpoint step 2 .*global_shape \(\d+, 5\)"
+        ):
             checkpointer.restore(changed)

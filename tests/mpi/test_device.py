@@ -33,7 +33,9 @@ def test_device_leaves_saved_by_rows_restore_by_columns(cupy, world, mpi_tmp_pat
         start = rank * width if COLUMNS % size == 0 else 0
         wide = cupy.asarray(np.zeros((8 * size, width + 2)))
         target = {
-            "u": hpckpt.Distributed(wide[:, 1 : width + 1], global_shape=(8 * size, COLUMNS), offset=(0, start)),
+            "u": hpckpt.Distributed(
+                wide[:, 1 : width + 1], global_shape=(8 * size, COLUMNS), offset=(0, start)
+            ),
             "mine": hpckpt.Local(cupy.asarray(np.zeros(rank + 3, dtype=np.int32))),
             "w": hpckpt.Replicated(cupy.asarray(np.zeros(999, dtype=np.float32))),
         }

@@ -61,14 +61,20 @@ def test_failure_while_reading_on_one_rank(world, mpi_tmp_path, monkeypatch):
 
 def test_different_steps_on_different_ranks(world, mpi_tmp_path):
     with hpckpt.Checkpointer(mpi_tmp_path / "steps", comm=world) as checkpointer:
-        with pytest.raises(hpckpt.InvalidStateError, match=r"different steps on different ranks \(rank 0: 5, rank 1: 6"):
+        with pytest.raises(
+            hpckpt.InvalidStateError, match=r"different steps on different ranks \(rank 0: 5, rank 1: 6"
+        ):
             checkpointer.save(5 + world.rank, field_state(world, 1.0))
         assert checkpointer.steps() == []
 
 
 def test_overlapping_boxes_are_refused_on_every_rank(world, mpi_tmp_path):
     local = np.zeros((3, 4))
-    state = {"u": hpckpt.Distributed(local, global_shape=(3 * world.size, 4), offset=(max(0, 3 * world.rank - 1), 0))}
+    state = {
+        "u": hpckpt.Distributed(
+            local, global_shape=(3 * world.size, 4), offset=(max(0, 3 * world.rank - 1), 0)
+        )
+    }
     with hpckpt.Checkpointer(mpi_tmp_path / "overlap", comm=world) as checkpointer:
         with pytest.raises(hpckpt.InvalidStateError, match="leaf 'u': the boxes of ranks 0 and 1 overlap"):
             checkpointer.save(1, state)
@@ -78,14 +84,19 @@ def test_overlapping_boxes_are_refused_on_every_rank(world, mpi_tmp_path):
     ("change", "message"),
     [
         (lambda s: s.pop("u"), "distributed leaf 'u' is in the checkpoint but not in the state"),
-        (lambda s: s.update(extra=hpckpt.Replicated(np.zeros(2))), "replicated leaf 'extra' is not in the checkpoint"),
+        (
+            lambda s: s.update(extra=hpckpt.Replicated(np.zeros(2))),
+            "replicated leaf 'extra' is not in the checkpoint",
+        ),
         (lambda s: s.update(it2=3), "plain value 'it2' is not in the checkpoint"),
         (
             lambda s: s.update(u=hpckpt.Replicated(np.zeros((3, 4)))),
             "leaf 'u' is replicated in the state but distributed in the checkpoint",
         ),
         (
-            lambda s: s["u"].__init__(s["u"].array.astype(np.float32), global_shape=s["u"].global_shape, offset=s["u"].offset),
+            lambda s: s["u"].__init__(
+                s["u"].array.astype(np.float32), global_shape=s["u"].global_shape, offset=s["u"].offset
+            ),
             "leaf 'u' has dtype float32 but the checkpoint has float64",
         ),
     ],
@@ -104,7 +115,12 @@ def test_mismatched_trees(world, mpi_tmp_path, change, message):
 def test_other_global_shape(world, mpi_tmp_path):
     with hpckpt.Checkpointer(mpi_tmp_path / "shape", comm=world) as checkpointer:
         checkpointer.save(1, field_state(world, 1.0))
-        wrong = {"u": hpckpt.Distributed(np.zeros((3, 5)), global_shape=(3 * world.size, 5), offset=(3 * world.rank, 0)), "it": 0}
+        wrong = {
+            "u": hpckpt.Distributed(
+                np.zeros((3, 5)), global_shape=(3 * world.size, 5), offset=(3 * world.rank, 0)
+            ),
+            "it": 0,
+        }
         expected = r"leaf 'u' has global_shape \(\d+, 5\) but the checkpoint has \(\d+, 4\)"
         with pytest.raises(hpckpt.StateMismatchError, match=expected):
             checkpointer.restore(wrong)
@@ -116,8 +132,12 @@ def test_corrupt_manifest_and_no_good_step(world, mpi_tmp_path):
         checkpointer.save(1, field_state(world, 1.0))
         world.Barrier()
         if world.rank == 0:
-            (run_dir / "step-00000001" / "manifest.json").write_text('{"format": "hpckpt-manifest", "version"')
+            (run_dir / "step-00000001" / "manifest.json").write_text(
+                '{"format": "hpckpt-manifest", "version"'
+            )
         world.Barrier()
         with pytest.warns(hpckpt.CheckpointFallbackWarning, match="no older committed step is left"):
-            with pytest.raises(hpckpt.CorruptCheckpointError, match=r"no committed step in .* could be restored"):
+            with pytest.raises(
+                hpckpt.CorruptCheckpointError, match=r"no committed step in .* could be restored"
+            ):
                 checkpointer.restore(field_state(world, 0.0))

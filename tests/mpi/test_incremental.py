@@ -14,6 +14,7 @@ import pytest
 import hpckpt
 from hpckpt.catalog import CheckpointReader
 from hpckpt.errors import CheckpointFallbackWarning, CollectiveError, CorruptCheckpointError
+from hpckpt.model.delta import home_step
 from hpckpt.model.manifest import PACK_PATH
 
 from .test_conformance import assert_same, make_state
@@ -26,14 +27,16 @@ def homes(run_dir, step: int) -> dict[tuple[str, int], int]:
     """(leaf, block rank) -> the step whose files hold that block of ``step``."""
     manifest = CheckpointReader(run_dir).manifest(step)
     return {
-        (record.path, block.rank): block.location.get("in_step", step)
+        (record.path, block.rank): home_step(block, step)
         for record in manifest.leaves
         for block in record.blocks
     }
 
 
 def data_bytes(step_dir) -> int:
-    return sum(path.stat().st_size for path in step_dir.rglob("*") if path.is_file() and path.name != "manifest.json")
+    return sum(
+        path.stat().st_size for path in step_dir.rglob("*") if path.is_file() and path.name != "manifest.json"
+    )
 
 
 def test_only_changed_blocks_are_written_and_restore_composes(comm, run_dir, backend):
@@ -96,11 +99,13 @@ def test_a_delta_over_a_chosen_base_step(comm, run_dir, backend):
 def test_bad_base_and_resaving_a_base_step_are_refused_everywhere(comm, run_dir, backend):
     state = make_state(comm, seed=7)
     with hpckpt.Checkpointer(run_dir, comm=comm, keep=5, incremental=5, **backend) as checkpointer:
-        with pytest.raises(CollectiveError, match=r"base step 5 is not a committed step before it .*\(committed: none\)"):
+        no_base = r"base step 5 is not a committed step before it .*\(committed: none\)"
+        with pytest.raises(CollectiveError, match=no_base):
             checkpointer.save(6, state, base=5)
         checkpointer.save(1, state)
         checkpointer.save(2, state)
-        with pytest.raises(CollectiveError, match=r"cannot save step 1 again .*: incremental steps \[2\] read blocks"):
+        still_read = r"cannot save step 1 again .*: incremental steps \[2\] read blocks"
+        with pytest.raises(CollectiveError, match=still_read):
             checkpointer.save(1, state)
         assert checkpointer.steps() == [1, 2]
         fresh = make_state(comm, seed=8)
@@ -109,7 +114,9 @@ def test_bad_base_and_resaving_a_base_step_are_refused_everywhere(comm, run_dir,
 
 
 @pytest.mark.parametrize("shard_ranks", ["1024", "2"], ids=["whole", "in-groups"])
-def test_a_missing_base_step_is_reported_and_a_full_step_is_used(world, mpi_tmp_path, backend, shard_ranks, monkeypatch):
+def test_a_missing_base_step_is_reported_and_a_full_step_is_used(
+    world, mpi_tmp_path, backend, shard_ranks, monkeypatch
+):
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", shard_ranks)  # 2: merged in groups, sharded
     run_dir = mpi_tmp_path / "missing-base"
     first, second = make_state(world, seed=9), make_state(world, seed=10)
@@ -159,7 +166,9 @@ def test_non_blocking_incremental_saves(world, mpi_tmp_path, backend):
 
 @pytest.mark.mpi(min_size=4)
 @pytest.mark.parametrize("shard_ranks", ["1024", "2"], ids=["whole", "in-groups"])
-def test_an_incremental_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend, shard_ranks, monkeypatch):
+def test_an_incremental_step_restores_on_another_number_of_ranks(
+    world, mpi_tmp_path, backend, shard_ranks, monkeypatch
+):
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", shard_ranks)  # 2: merged in groups, sharded
     from .test_rank_change import COLS, ROWS, global_rows, group, split
     from .test_rank_change import make_state as grid_state

@@ -23,7 +23,8 @@ def test_an_unchanged_layout_is_reused_and_its_steps_restore(world, mpi_tmp_path
         for seed in (1, 2, 3):  # new data and plain values each time, the same tree, shapes and boxes
             checkpointer.save(seed, make_state(world, seed))
             gathered.append(checkpointer.last_save.plans_gathered)
-        compressed = "compression" in backend.get("backend_options", {})  # stored sizes, and so offsets, change
+        # stored sizes, and so offsets, change
+        compressed = "compression" in backend.get("backend_options", {})
         assert gathered == [True, compressed, compressed]
         for seed in (2, 3):
             restored = make_state(world, 0)
@@ -32,8 +33,10 @@ def test_an_unchanged_layout_is_reused_and_its_steps_restore(world, mpi_tmp_path
     if world.rank == 0:
         reader = CheckpointReader(run_dir)
         assert reader.verify(3) == [] and reader.manifest(3).values == reader.manifest(2).values | {
-            "history/1": 3, "step_info/iteration": 30, "step_info/name": "run-3"
-        }  # fmt: skip
+            "history/1": 3,
+            "step_info/iteration": 30,
+            "step_info/name": "run-3",
+        }
 
 
 def field(world, rows_of_rank):
@@ -58,8 +61,12 @@ def test_a_changed_box_on_one_rank_gathers_the_plans_again(world, mpi_tmp_path):
         assert restored["u"].array.tobytes() == field(world, moved)["u"].array.tobytes()
 
 
-@pytest.mark.parametrize(("backend", "shard_ranks"), [("posix", ""), ("posix", "2"), ("adios2", "2"), ("hdf5", "2")])
-def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_path, monkeypatch, backend, shard_ranks):
+@pytest.mark.parametrize(
+    ("backend", "shard_ranks"), [("posix", ""), ("posix", "2"), ("adios2", "2"), ("hdf5", "2")]
+)
+def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(
+    world, mpi_tmp_path, monkeypatch, backend, shard_ranks
+):
     """Also with the plans merged in groups (from 2 ranks on here): a bad layout fails
     their check and is merged whole, which names the ranks."""
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", shard_ranks)
@@ -72,23 +79,33 @@ def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(world, mpi_tmp_pat
         state = field(world, [4] * world.size)
         if world.rank == last:
             state["it"] = 2
-        with pytest.raises(hpckpt.InvalidStateError, match=rf"plain value 'it' is 1 on rank 0 but 2 on rank {last}"):
+        with pytest.raises(
+            hpckpt.InvalidStateError, match=rf"plain value 'it' is 1 on rank 0 but 2 on rank {last}"
+        ):
             checkpointer.save(3, state)
         state = field(world, [4] * world.size)
         if world.rank == last:  # its box now starts one row early, into rank last - 1's
-            state["u"] = hpckpt.Distributed(state["u"].array, global_shape=state["u"].global_shape,
-                                            offset=(state["u"].offset[0] - 1, 0))  # fmt: skip
-        with pytest.raises(hpckpt.InvalidStateError, match=rf"leaf 'u': the boxes of ranks {last - 1} and {last} overlap"):
+            state["u"] = hpckpt.Distributed(
+                state["u"].array, global_shape=state["u"].global_shape, offset=(state["u"].offset[0] - 1, 0)
+            )
+        with pytest.raises(
+            hpckpt.InvalidStateError, match=rf"leaf 'u': the boxes of ranks {last - 1} and {last} overlap"
+        ):
             checkpointer.save(3, state)
-        with pytest.raises(hpckpt.InvalidStateError, match=r"different steps on different ranks \(rank 0: 3, rank 1: 4"):
+        with pytest.raises(
+            hpckpt.InvalidStateError, match=r"different steps on different ranks \(rank 0: 3, rank 1: 4"
+        ):
             checkpointer.save(3 + min(world.rank, 1), field(world, [4] * world.size))
         assert checkpointer.steps() == [1, 2]
         checkpointer.save(3, field(world, [4] * world.size))
         assert not checkpointer.last_save.plans_gathered  # the refused saves left the layout as it was
         if world.rank == last:  # a hole: rank last's box is one row short at its end
             state = field(world, [4] * world.size)
-            state["u"] = hpckpt.Distributed(state["u"].array[:-1], global_shape=state["u"].global_shape,
-                                            offset=state["u"].offset)  # fmt: skip
-        with pytest.raises(hpckpt.InvalidStateError, match=r"leaf 'u': the ranks' boxes cover \d+ of the \d+ elements"):
+            state["u"] = hpckpt.Distributed(
+                state["u"].array[:-1], global_shape=state["u"].global_shape, offset=state["u"].offset
+            )
+        with pytest.raises(
+            hpckpt.InvalidStateError, match=r"leaf 'u': the ranks' boxes cover \d+ of the \d+ elements"
+        ):
             checkpointer.save(4, state if world.rank == last else field(world, [4] * world.size))
         assert checkpointer.steps() == [1, 2, 3]

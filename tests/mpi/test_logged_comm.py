@@ -126,8 +126,11 @@ def test_calls_it_does_not_log_are_refused_saying_why(world, mpi_tmp_path):
     comm = LoggedComm(world, DeterminantFile(mpi_tmp_path / f"q{world.rank}", None))
     assert isinstance(comm.Get_name(), str)  # a query: passed on
     for name in ("allgather", "Split", "Gatherv"):
-        with pytest.raises(AttributeError, match=rf"ckpt.comm \(the uncoordinated protocol's logged communicator\) "
-                                                 rf"has no '{name}': only its logged calls \(send, recv, "):
+        with pytest.raises(
+            AttributeError,
+            match=rf"ckpt.comm \(the uncoordinated protocol's logged communicator\) "
+            rf"has no '{name}': only its logged calls \(send, recv, ",
+        ):
             getattr(comm, name)
     assert not hasattr(comm, "Alltoall")
     comm.free()

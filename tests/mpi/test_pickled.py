@@ -32,7 +32,12 @@ def state_with(world, value) -> dict:
 
 
 def test_pickled_objects_round_trip_per_rank_with_a_warning(world, mpi_tmp_path, backend):
-    mine = {"rank": world.rank, "seen": {world.rank, 99}, "ratio": Fraction(1, world.rank + 3), "name": "é" * world.rank}
+    mine = {
+        "rank": world.rank,
+        "seen": {world.rank, 99},
+        "ratio": Fraction(1, world.rank + 3),
+        "name": "é" * world.rank,
+    }
     with hpckpt.Checkpointer(mpi_tmp_path / "run", comm=world, **backend) as checkpointer:
         checkpointer.save(5, state_with(world, mine))
         restored = state_with(world, None)
@@ -41,8 +46,14 @@ def test_pickled_objects_round_trip_per_rank_with_a_warning(world, mpi_tmp_path,
             assert checkpointer.restore(restored, allow_pickle=True) == 5
     assert restored["extra"].value == mine
     messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.PickleWarning)]
-    assert messages == (["unpickling 'extra' of step 5 (allow_pickle=True): this runs code named in the checkpoint; "
-                         "use it only for checkpoints you trust"] if world.rank == 0 else [])
+    assert messages == (
+        [
+            "unpickling 'extra' of step 5 (allow_pickle=True): this runs code named in the checkpoint; "
+            "use it only for checkpoints you trust"
+        ]
+        if world.rank == 0
+        else []
+    )
 
 
 def test_without_allow_pickle_nothing_is_unpickled_and_every_rank_is_told(world, mpi_tmp_path):
@@ -53,16 +64,20 @@ def test_without_allow_pickle_nothing_is_unpickled_and_every_rank_is_told(world,
         restored = state_with(world, "untouched")
         with pytest.raises(hpckpt.CollectiveError) as info:
             checkpointer.restore(restored)
-    assert info.value.phase == "restore: pickled leaves" and list(info.value.failures) == list(range(world.size))
-    assert ("UnsafeLoadError: the state holds hpckpt.Pickled leaves ('extra'); restoring them unpickles data from "
-            "the checkpoint, which can run any code. Pass allow_pickle=True") in info.value.failures[world.rank]
+    assert info.value.phase == "restore: pickled leaves"
+    assert list(info.value.failures) == list(range(world.size))
+    assert (
+        "UnsafeLoadError: the state holds hpckpt.Pickled leaves ('extra'); restoring them unpickles "
+        "data from the checkpoint, which can run any code. Pass allow_pickle=True"
+    ) in info.value.failures[world.rank]
     assert restored["extra"].value == "untouched" and restored["u"].array.max() == world.rank
     world.Barrier()
     if world.rank == 0:  # the command-line tools read it without unpickling either
         for command in ("inspect", "verify"):
             result = run_group([sys.executable, "-m", "hpckpt", command, str(run_dir)], timeout=60)
             assert result.returncode == 0, result.stderr
-        assert "pickled object" in run_group([sys.executable, "-m", "hpckpt", "inspect", str(run_dir)], timeout=60).stdout
+        inspected = run_group([sys.executable, "-m", "hpckpt", "inspect", str(run_dir)], timeout=60)
+        assert "pickled object" in inspected.stdout
     assert not marker.exists()
 
 
@@ -71,7 +86,9 @@ def test_a_pickled_leaf_restores_only_into_a_pickled_leaf(world, mpi_tmp_path):
         checkpointer.save(1, state_with(world, [1, 2]))
         as_bytes = state_with(world, None)
         as_bytes["extra"] = hpckpt.Local(np.zeros(8, dtype=np.uint8), resizable=True)
-        with pytest.raises(hpckpt.StateMismatchError, match=r"leaf 'extra' is an hpckpt\.Pickled object in the checkpoint"):
+        with pytest.raises(
+            hpckpt.StateMismatchError, match=r"leaf 'extra' is an hpckpt\.Pickled object in the checkpoint"
+        ):
             checkpointer.restore(as_bytes)
 
 

@@ -119,15 +119,18 @@ def test_restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writer
     first, count = split(ROWS, comm.size, comm.rank)
     boxes = {r: ((split(ROWS, writers, r)[0], 0), (split(ROWS, writers, r)[1], COLS)) for r in range(writers)}
     wanted_rows = {r for r in range(writers) if intersection(((first, 0), (count, COLS)), boxes[r])}
-    wanted_grid = {r for r in range(writers) if intersection(grid_box(comm.size, comm.rank), grid_box(writers, r))}
+    wanted_grid = {
+        r for r in range(writers) if intersection(grid_box(comm.size, comm.rank), grid_box(writers, r))
+    }
     assert {r for p, r in recording.reads if p == "rows"} == wanted_rows
     assert {r for p, r in recording.reads if p == "grid"} == wanted_grid
     comm.Free()
 
 
 @pytest.mark.parametrize(("writers", "readers"), [(4, 3), (2, 4)])
-def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(world, mpi_tmp_path, backend,
-                                                                                writers, readers):  # fmt: skip
+def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(
+    world, mpi_tmp_path, backend, writers, readers
+):
     from hpckpt.model.layout import MIN_REPLICATED_CHUNK, replicated_chunks
 
     rows = (writers * MIN_REPLICATED_CHUNK + 5 * 8 * 64) // (8 * 64)  # a little over ``writers`` chunks
@@ -138,8 +141,10 @@ def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(
         with hpckpt.Checkpointer(run_dir, comm=comm, **backend) as checkpointer:
             checkpointer.save(1, {"table": hpckpt.Replicated(table.copy())})
             (_, (own_rows, _)) = replicated_chunks(table.shape, 8, writers)[comm.rank]
-            written, chunk_bytes = checkpointer.last_save.written_bytes, own_rows * 64 * 8  # every writer its chunk
-            assert 0 < written < chunk_bytes if "compression" in backend.get("backend_options", {}) else written == chunk_bytes
+            # every writer its chunk
+            written, chunk_bytes = checkpointer.last_save.written_bytes, own_rows * 64 * 8
+            compressed = "compression" in backend.get("backend_options", {})
+            assert 0 < written < chunk_bytes if compressed else written == chunk_bytes
         comm.Free()
     comm, recording = readers_after_writers(world, readers, backend)
     if comm is None:

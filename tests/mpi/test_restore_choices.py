@@ -13,7 +13,9 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 
 def field(comm, value: float) -> hpckpt.Distributed:
-    return hpckpt.Distributed(np.full((3, 4), value), global_shape=(3 * comm.size, 4), offset=(3 * comm.rank, 0))
+    return hpckpt.Distributed(
+        np.full((3, 4), value), global_shape=(3 * comm.size, 4), offset=(3 * comm.rank, 0)
+    )
 
 
 def test_a_chosen_step_is_restored_and_a_missing_one_is_named_on_every_rank(world, mpi_tmp_path):
@@ -26,7 +28,9 @@ def test_a_chosen_step_is_restored_and_a_missing_one_is_named_on_every_rank(worl
         assert checkpointer.last_restore == hpckpt.protocols.restore.Restored(20)
         with pytest.raises(hpckpt.MissingStepError) as info:
             checkpointer.restore(state, step=25)
-        assert str(info.value) == f"step 25 is not a committed step of {mpi_tmp_path / 'steps'} (committed: 10, 20, 30)"
+        assert str(info.value) == (
+            f"step 25 is not a committed step of {mpi_tmp_path / 'steps'} (committed: 10, 20, 30)"
+        )
         assert state["it"] == 20  # untouched
         assert checkpointer.restore(state) == 30 and state["it"] == 30
 
@@ -41,7 +45,10 @@ def test_a_chosen_corrupt_step_raises_instead_of_falling_back(world, mpi_tmp_pat
                 handle.write(b"\xff" * 8)
         world.Barrier()
         state = {"u": field(world, 0.0)}
-        with warnings.catch_warnings(record=True), pytest.raises(hpckpt.CorruptCheckpointError, match="step 2: leaf 'u'"):
+        with (
+            warnings.catch_warnings(record=True),
+            pytest.raises(hpckpt.CorruptCheckpointError, match="step 2: leaf 'u'"),
+        ):
             checkpointer.restore(state, step=2)
         with pytest.warns(hpckpt.CheckpointFallbackWarning, match="falling back to step 1"):
             assert checkpointer.restore(state) == 1
@@ -49,17 +56,22 @@ def test_a_chosen_corrupt_step_raises_instead_of_falling_back(world, mpi_tmp_pat
 
 def test_a_state_with_new_and_dropped_leaves_restores_what_both_have(world, mpi_tmp_path):
     with hpckpt.Checkpointer(mpi_tmp_path / "grown", comm=world) as checkpointer:
-        checkpointer.save(5, {"u": field(world, 5.0), "old": hpckpt.Replicated(np.arange(3.0)), "it": 5, "lr": 0.1})
+        checkpointer.save(
+            5, {"u": field(world, 5.0), "old": hpckpt.Replicated(np.arange(3.0)), "it": 5, "lr": 0.1}
+        )
         grown = {"u": field(world, 0.0), "head": hpckpt.Local(np.full(2, -1.0)), "it": 0, "epoch": 7}
         with pytest.raises(hpckpt.StateMismatchError) as info:
             checkpointer.restore(grown)
         message = str(info.value)
-        assert "local leaf 'head' is not in the checkpoint" in message and "plain value 'epoch' is not in" in message
+        assert "local leaf 'head' is not in the checkpoint" in message
+        assert "plain value 'epoch' is not in" in message
         assert "replicated leaf 'old' is in the checkpoint but not in the state" in message
         assert "strict=False" in message
 
         if world.rank == 0:
-            with pytest.warns(hpckpt.PartialRestoreWarning, match=r"without the state's leaves \['epoch', 'head'\]"):
+            with pytest.warns(
+                hpckpt.PartialRestoreWarning, match=r"without the state's leaves \['epoch', 'head'\]"
+            ):
                 assert checkpointer.restore(grown, strict=False) == 5
         else:
             assert checkpointer.restore(grown, strict=False) == 5
@@ -69,8 +81,13 @@ def test_a_state_with_new_and_dropped_leaves_restores_what_both_have(world, mpi_
         assert report.missing == ("epoch", "head") and set(report.unexpected) == {"old", "lr"}
         assert world.allgather(report) == [report] * world.size
 
-        wrong = {"u": hpckpt.Distributed(np.zeros((3, 4), dtype=np.float32), global_shape=(3 * world.size, 4),
-                                         offset=(3 * world.rank, 0))}  # fmt: skip
+        wrong = {
+            "u": hpckpt.Distributed(
+                np.zeros((3, 4), dtype=np.float32),
+                global_shape=(3 * world.size, 4),
+                offset=(3 * world.rank, 0),
+            )
+        }
         with pytest.raises(hpckpt.StateMismatchError, match="leaf 'u' has dtype float32"):
             checkpointer.restore(wrong, strict=False)  # leaves of both that differ are still refused
 
@@ -92,6 +109,7 @@ def test_a_value_known_on_one_rank_becomes_a_plain_value_of_the_state(world, mpi
         bad = {"loss": np.float32(0.5)} if world.rank == 0 else None
         with pytest.raises(hpckpt.CollectiveError) as info:
             checkpointer.broadcast(bad)
-        assert list(info.value.failures) == [0] and "'loss' is a float32; expected int, float" in info.value.failures[0]
+        assert list(info.value.failures) == [0]
+        assert "'loss' is a float32; expected int, float" in info.value.failures[0]
         with pytest.raises(ValueError, match=f"broadcast root {world.size} is not a rank"):
             checkpointer.broadcast(1, root=world.size)

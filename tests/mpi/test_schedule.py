@@ -42,15 +42,24 @@ def test_auto_schedule_uses_the_slowest_ranks_measured_cost(world, mpi_tmp_path)
 
 def test_retention_keeps_the_newest_and_the_best_by_metric(world, mpi_tmp_path, backend):
     metrics = [5.0, 1.0, 4.0, 0.5, 3.0, 2.0]
-    with hpckpt.Checkpointer(mpi_tmp_path / "best", comm=world, keep=2, keep_best=2, **backend) as checkpointer:
+    with hpckpt.Checkpointer(
+        mpi_tmp_path / "best", comm=world, keep=2, keep_best=2, **backend
+    ) as checkpointer:
         for step, metric in enumerate(metrics, start=1):
-            checkpointer.save(step, {"x": hpckpt.Local(np.full(3, step)), "loss": metric}, metric=metric, blocking=step % 2 == 0)
+            checkpointer.save(
+                step,
+                {"x": hpckpt.Local(np.full(3, step)), "loss": metric},
+                metric=metric,
+                blocking=step % 2 == 0,
+            )
         checkpointer.wait()
         assert checkpointer.steps() == [2, 4, 5, 6]  # newest two, plus the two lowest losses
     if world.rank == 0:
         reader = hpckpt.CheckpointReader(mpi_tmp_path / "best")
         assert [reader.manifest(step).metric for step in (2, 4)] == [1.0, 0.5]
-    with hpckpt.Checkpointer(mpi_tmp_path / "worst", comm=world, keep=1, keep_best=1, best="max") as checkpointer:
+    with hpckpt.Checkpointer(
+        mpi_tmp_path / "worst", comm=world, keep=1, keep_best=1, best="max"
+    ) as checkpointer:
         for step, metric in enumerate(metrics, start=1):
             checkpointer.save(step, {"x": step}, metric=metric)
         assert checkpointer.steps() == [1, 6]

@@ -17,6 +17,7 @@ import hpckpt
 from hpckpt._comm import arrival_group
 from hpckpt._hooks import install_point_hook
 from hpckpt.catalog import CheckpointReader
+from hpckpt.model.delta import home_step
 
 from .test_conformance import assert_same, make_state
 from .test_rank_change import test_restore_on_another_number_of_ranks as restore_on_another_number_of_ranks
@@ -44,7 +45,9 @@ def save_two_steps(world, run_dir, backend) -> list[tuple[bool, bool]]:
     return gathered
 
 
-def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(world, mpi_tmp_path, backend, monkeypatch):
+def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(
+    world, mpi_tmp_path, backend, monkeypatch
+):
     monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
     gathered = save_two_steps(world, mpi_tmp_path / "sharded", backend)
     assert gathered[0] == (True, True)  # posix files of 3 ranks too, spanning the groups of 2
@@ -58,7 +61,8 @@ def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(wo
     leaders = sorted({arrival_group(rank, world.size).start for rank in range(world.size)})
     assert top["version"] == 5 and all(leaf["blocks"] == [] for leaf in top["leaves"])
     assert [(shard["file"], shard["ranks"]) for shard in top["shards"]] == [
-        (f"manifest-shard-{first:05d}.json", [first, arrival_group(first, world.size).stop]) for first in leaders
+        (f"manifest-shard-{first:05d}.json", [first, arrival_group(first, world.size).stop])
+        for first in leaders
     ]
     for shard in top["shards"]:
         content = json.loads((step_dir / shard["file"]).read_text())
@@ -67,7 +71,8 @@ def test_leaders_write_the_blocks_of_their_ranks_exactly_as_an_unsharded_save(wo
     sharded, whole = CheckpointReader(mpi_tmp_path / "sharded"), CheckpointReader(mpi_tmp_path / "whole")
     assert sharded.verify(2) == [] and sharded.verify(1) == []
     assert sharded.manifest(2).leaves == whole.manifest(2).leaves
-    assert not json.loads((mpi_tmp_path / "whole" / "step-00000002" / "manifest.json").read_text()).get("shards")
+    whole_top = json.loads((mpi_tmp_path / "whole" / "step-00000002" / "manifest.json").read_text())
+    assert not whole_top.get("shards")
 
 
 def save_incremental_steps(world, run_dir, backend) -> list[tuple[bool, dict]]:
@@ -88,13 +93,16 @@ def save_incremental_steps(world, run_dir, backend) -> list[tuple[bool, dict]]:
             assert_same(state, restored)
         assert checkpointer.steps() == [1, 2, 3]  # step 3 reads blocks of steps 1 and 2
     if world.rank == 0:
-        tops = [json.loads((run_dir / f"step-{step:08d}" / "manifest.json").read_text()) for step in (1, 2, 3)]
+        tops = [
+            json.loads((run_dir / f"step-{step:08d}" / "manifest.json").read_text()) for step in (1, 2, 3)
+        ]
     world.Barrier()
     return list(zip(done, tops or [{}] * 3))
 
 
-def test_incremental_steps_are_merged_in_groups_and_sharded_as_a_whole_delta_would_be(world, mpi_tmp_path, backend,
-                                                                                        monkeypatch):  # fmt: skip
+def test_incremental_steps_are_merged_in_groups_and_sharded_as_a_whole_delta_would_be(
+    world, mpi_tmp_path, backend, monkeypatch
+):
     """Each leader compares its group's blocks with its shard of the base step, writes
     only the changed ones and lists the reused ones in its shard. The blocks are exactly
     those of a delta merged on rank 0, and the steps a sharded step reads are listed in
@@ -103,21 +111,25 @@ def test_incremental_steps_are_merged_in_groups_and_sharded_as_a_whole_delta_wou
     sharded = save_incremental_steps(world, mpi_tmp_path / "sharded", backend)
     monkeypatch.delenv("HPCKPT_MANIFEST_SHARD_RANKS")
     whole = save_incremental_steps(world, mpi_tmp_path / "whole", backend)
-    assert [grouped for grouped, _ in sharded] == [True] * 3 and [grouped for grouped, _ in whole] == [False] * 3
+    assert [grouped for grouped, _ in sharded] == [True] * 3
+    assert [grouped for grouped, _ in whole] == [False] * 3
     if world.rank != 0:
         return
     assert [top["version"] for _, top in sharded] == [5, 5, 5]
-    assert [(top.get("delta_base"), top.get("delta_chain"), top.get("in_steps")) for _, top in sharded] == [
-        (None, 0, None), (1, 1, [1]), (2, 2, [1, 2])
-    ]  # fmt: skip
-    sharded_reader, whole_reader = CheckpointReader(mpi_tmp_path / "sharded"), CheckpointReader(mpi_tmp_path / "whole")
+    chains = [(top.get("delta_base"), top.get("delta_chain"), top.get("in_steps")) for _, top in sharded]
+    assert chains == [(None, 0, None), (1, 1, [1]), (2, 2, [1, 2])]
+    sharded_reader = CheckpointReader(mpi_tmp_path / "sharded")
+    whole_reader = CheckpointReader(mpi_tmp_path / "whole")
     for step in (1, 2, 3):
         assert sharded_reader.verify(step) == []
         ours, theirs = sharded_reader.manifest(step), whole_reader.manifest(step)
         assert ours.leaves == theirs.leaves, step
         assert (ours.delta_base, ours.delta_chain) == (theirs.delta_base, theirs.delta_chain)
-    homes = {(record.path, block.rank): block.location.get("in_step", 3) for record in sharded_reader.manifest(3).leaves
-             for block in record.blocks}  # fmt: skip
+    homes = {
+        (record.path, block.rank): home_step(block, 3)
+        for record in sharded_reader.manifest(3).leaves
+        for block in record.blocks
+    }
     assert homes[("field", 0)] == 2 and homes[("field", 1)] == 3 and homes[("field", 2)] == 1
 
 
@@ -142,13 +154,14 @@ def test_a_group_whose_base_shard_is_damaged_writes_all_its_blocks(world, mpi_tm
         homes: dict[int, set[int]] = {}
         for record in manifest.leaves:
             for block in record.blocks:
-                homes.setdefault(block.rank, set()).add(block.location.get("in_step", 2))
+                homes.setdefault(block.rank, set()).add(home_step(block, 2))
         assert manifest.in_steps == (1,) and manifest.delta_base == 1
         assert homes == {rank: {2} if rank in last else {1} for rank in range(world.size)}
 
 
-def test_a_cut_file_of_the_base_step_is_found_by_the_leader_restoring_a_sharded_incremental_step(world, mpi_tmp_path,
-                                                                                                     sharded):  # fmt: skip
+def test_a_cut_file_of_the_base_step_is_found_by_the_leader_restoring_a_sharded_incremental_step(
+    world, mpi_tmp_path, sharded
+):
     """Step 2 reads the last rank's blocks from step 1's file, cut short: the leader of that
     rank's group finds it (no rank reads step 1's manifest but the leaders), and neither
     step restores."""
@@ -170,12 +183,16 @@ def test_a_cut_file_of_the_base_step_is_found_by_the_leader_restoring_a_sharded_
                 checkpointer.restore(make_state(world, 0))
     assert f"step 2: {data} has " in str(raised.value) and f"step 1: {data} has " in str(raised.value)
     fallbacks = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
-    assert [message.startswith(f"checkpoint step {step} is corrupt") and str(data) in message
-            for step, message in zip((2, 1), fallbacks)] == [True, True], fallbacks  # fmt: skip
+    assert [
+        message.startswith(f"checkpoint step {step} is corrupt") and str(data) in message
+        for step, message in zip((2, 1), fallbacks)
+    ] == [True, True], fallbacks
 
 
 @pytest.mark.parametrize(("writers", "readers"), [(4, 3), (3, 4)])
-def test_a_sharded_step_restores_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers, sharded):
+def test_a_sharded_step_restores_on_another_number_of_ranks(
+    world, mpi_tmp_path, backend, writers, readers, sharded
+):
     if world.size < max(writers, readers):
         pytest.skip(f"needs {max(writers, readers)} ranks")
     restore_on_another_number_of_ranks(world, mpi_tmp_path, backend, writers, readers)
@@ -187,7 +204,8 @@ def test_a_damaged_shard_or_data_file_makes_the_step_fall_back(world, mpi_tmp_pa
     leader, or that rank itself (each checks the files of its part), finds it."""
     run_dir = mpi_tmp_path / how
     save_two_steps(world, run_dir, {"backend": "posix"})
-    last = run_dir / "step-00000002" / f"manifest-shard-{arrival_group(world.size - 1, world.size).start:05d}.json"
+    last_leader = arrival_group(world.size - 1, world.size).start
+    last = run_dir / "step-00000002" / f"manifest-shard-{last_leader:05d}.json"
     data = run_dir / "step-00000002" / f"data-{world.size - 1:05d}.bin"
     if world.rank == 0:
         if how == "changed":
@@ -205,8 +223,11 @@ def test_a_damaged_shard_or_data_file_makes_the_step_fall_back(world, mpi_tmp_pa
     assert_same(make_state(world, 1), restored)
     messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
     assert len(messages) == 1 and messages[0].endswith("falling back to step 1"), messages
-    problem = {"changed": f"shard {last.name} does not match the checksum", "missing": f"shard {last.name} cannot be read",
-               "truncated": f"{data} has "}[how]  # fmt: skip
+    problem = {
+        "changed": f"shard {last.name} does not match the checksum",
+        "missing": f"shard {last.name} cannot be read",
+        "truncated": f"{data} has ",
+    }[how]
     assert problem in messages[0], messages[0]
 
 
@@ -220,12 +241,16 @@ def test_posix_files_shared_across_groups_are_written_in_place_and_cut_to_size(w
     file) only after the file's last rank has written its bytes, in every save: cut to
     the end of their own group's blocks, the file would lose that rank's."""
     ranks_per_file = len(arrival_group(0, world.size)) + 1
-    options = {"backend": "posix", "backend_options": {"ranks_per_file": ranks_per_file, "segment_alignment": 4096}}
+    options = {
+        "backend": "posix",
+        "backend_options": {"ranks_per_file": ranks_per_file, "segment_alignment": 4096},
+    }
     run_dir = mpi_tmp_path / "shared-recycled"
     main = f"data-{world.rank // ranks_per_file:05d}.bin"
     link = mpi_tmp_path / f"link-{world.rank}"
     first_group = arrival_group(0, world.size)  # ranks 0 .. ranks_per_file - 2 of file 0
-    install_point_hook(partial(last_writer_first, world.rank, ranks_per_file - 1, first_group, mpi_tmp_path, [0]))
+    hook = partial(last_writer_first, world.rank, ranks_per_file - 1, first_group, mpi_tmp_path, [0])
+    install_point_hook(hook)
     try:
         save_shrinking_states(world, run_dir, options, main, link)
     finally:
@@ -267,6 +292,7 @@ def save_shrinking_states(world, run_dir, options, main, link) -> None:
                 for record in CheckpointReader(run_dir).manifest(step).leaves:  # "x" is packed
                     for block in record.blocks:
                         name = block.location["file"]
-                        ends[name] = max(ends.get(name, 0), block.location["offset"] + block.size * record.itemsize)
+                        end = block.location["offset"] + block.size * record.itemsize
+                        ends[name] = max(ends.get(name, 0), end)
                 sizes = {name: (run_dir / f"step-{step:08d}" / name).stat().st_size for name in ends}
                 assert sizes == ends, step

@@ -6,7 +6,9 @@ import pytest
 import hpckpt
 from hpckpt.buffers.host import as_host_array
 
-torch = pytest.importorskip("torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)"
+)
 pytestmark = pytest.mark.mpi(min_size=2)
 
 
@@ -25,7 +27,8 @@ def make_state(comm, seed: int) -> dict:
 
 def test_torch_tensors_round_trip_in_place(world, mpi_tmp_path, backend):
     saved = make_state(world, 1)
-    assert np.shares_memory(as_host_array(saved["field"].array, "field"), saved["field"].array.numpy())  # no copy
+    # no copy
+    assert np.shares_memory(as_host_array(saved["field"].array, "field"), saved["field"].array.numpy())
     with hpckpt.Checkpointer(mpi_tmp_path / "torch", comm=world, **backend) as checkpointer:
         checkpointer.save(1, saved)
         target = make_state(world, 2)
@@ -40,10 +43,14 @@ def test_torch_tensors_round_trip_in_place(world, mpi_tmp_path, backend):
 
 def bfloat16_state(comm, seed: int) -> dict:
     generator = torch.Generator().manual_seed(seed * 100 + comm.rank)
-    weights = torch.nn.Parameter(torch.randn(7, 3, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16))
+    weights = torch.nn.Parameter(
+        torch.randn(7, 3, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    )
     return {
         "field": hpckpt.Distributed(
-            torch.randn(3, 6, generator=generator).to(torch.bfloat16), global_shape=(3 * comm.size, 6), offset=(3 * comm.rank, 0)
+            torch.randn(3, 6, generator=generator).to(torch.bfloat16),
+            global_shape=(3 * comm.size, 6),
+            offset=(3 * comm.rank, 0),
         ),
         "weights": hpckpt.Replicated(weights),
         "moments": hpckpt.Local(torch.randn(comm.rank + 2, generator=generator).to(torch.bfloat16)),
@@ -74,16 +81,25 @@ def test_bfloat16_tensors_round_trip_bit_for_bit_in_place(world, mpi_tmp_path, b
 def test_a_bfloat16_leaf_restores_only_into_bfloat16(world, mpi_tmp_path):
     with hpckpt.Checkpointer(mpi_tmp_path / "bf16", comm=world, backend="posix") as checkpointer:
         checkpointer.save(1, {"w": hpckpt.Replicated(torch.ones(4, dtype=torch.bfloat16))})
-        for wrong, named in [(torch.zeros(4, dtype=torch.int16), "an array"), (np.zeros(4, np.uint16), "an array")]:
-            with pytest.raises(hpckpt.StateMismatchError, match=(
-                f"leaf 'w' is a bfloat16 array in the checkpoint but {named} in the state; "
-                "restore it into the same kind of leaf"
-            )):  # fmt: skip
+        for wrong, named in [
+            (torch.zeros(4, dtype=torch.int16), "an array"),
+            (np.zeros(4, np.uint16), "an array"),
+        ]:
+            with pytest.raises(
+                hpckpt.StateMismatchError,
+                match=(
+                    f"leaf 'w' is a bfloat16 array in the checkpoint but {named} in the state; "
+                    "restore it into the same kind of leaf"
+                ),
+            ):
                 checkpointer.restore({"w": hpckpt.Replicated(wrong)})
         checkpointer.save(2, {"w": hpckpt.Replicated(np.ones(4, np.uint16))})
         # Step 2 does not match a bfloat16 leaf; step 1 does, and is restored with a warning.
         target = {"w": hpckpt.Replicated(torch.zeros(4, dtype=torch.bfloat16))}
-        with pytest.warns(hpckpt.CheckpointFallbackWarning, match="leaf 'w' is an array in the checkpoint but a bfloat16 array"):
+        with pytest.warns(
+            hpckpt.CheckpointFallbackWarning,
+            match="leaf 'w' is an array in the checkpoint but a bfloat16 array",
+        ):
             assert checkpointer.restore(target) == 1
         assert target["w"].array.float().tolist() == [1.0] * 4
 

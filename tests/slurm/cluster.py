@@ -32,7 +32,9 @@ def unavailable() -> str | None:
     if all(shutil.which(name) or Path("/usr/sbin", name).exists() for name in DAEMONS):
         return None
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return "Slurm is not installed and cannot be (needs root and apt-get: apt-get install slurm-wlm munge)"
+        return (
+            "Slurm is not installed and cannot be (needs root and apt-get: apt-get install slurm-wlm munge)"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"]
     result = subprocess.run(install, capture_output=True, text=True, env=env)
@@ -82,7 +84,9 @@ class SlurmCluster:
 
     def _ready(self) -> bool:
         """Whether the node is idle (ready for jobs)."""
-        state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env).stdout
+        state = subprocess.run(
+            ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env
+        ).stdout
         return state.strip() == "idle"
 
     def stop(self) -> None:

@@ -42,13 +42,17 @@ def test_two_failures_in_one_run(tmp_path, reference_checksum):
     "fault", ["save.plan:0:kill:2", "save.write:1:kill:3", "save.commit:0:kill:2", "save.retain:2:kill:4"]
 )
 def test_a_failure_during_a_checkpoint(fault, tmp_path, reference_checksum):
-    job = run_job(heat_command(3, tmp_path / "run", "--recovery", "ulfm", pace=0.002), env={"HPCKPT_FAULT": fault})
+    job = run_job(
+        heat_command(3, tmp_path / "run", "--recovery", "ulfm", pace=0.002), env={"HPCKPT_FAULT": fault}
+    )
     rank = int(fault.split(":")[1])
     assert_recovered(job, reference_checksum, [rank])
 
 
 def test_a_failure_before_the_first_checkpoint_starts_over(tmp_path, reference_checksum):
-    job = run_job(heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--crash-at-iter", "7", "--crash-rank", "1"))
+    job = run_job(
+        heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--crash-at-iter", "7", "--crash-rank", "1")
+    )
     assert_recovered(job, reference_checksum, [1])
     assert "resumed from step None (iteration 0)" in job.stdout
 
@@ -69,7 +73,9 @@ def test_a_lost_node_is_restored_from_the_partner_copy(tmp_path, reference_check
     def lose_node(rank: int) -> None:
         shutil.rmtree(local / f"node-{rank:04d}")
 
-    command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--local", str(local), "--redundancy", "partner")
+    command = heat_command(
+        3, tmp_path / "run", "--recovery", "ulfm", "--local", str(local), "--redundancy", "partner"
+    )
     job = run_killing(command, [(1, 0.6)], env={"HPCKPT_RANKS_PER_NODE": "1"}, while_stopped=lose_node)
     assert_recovered(job, reference_checksum, [1])
     assert "from the node-local level" in job.stdout.split("heat: recovered", 1)[1].splitlines()[0]
@@ -95,7 +101,9 @@ def test_uncoordinated_only_the_lost_rank_rolls_back(seed, tmp_path, reference_c
 
 
 def test_uncoordinated_failure_during_a_rank_checkpoint(tmp_path, reference_checksum):
-    command = heat_command(3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated", pace=0.002)
+    command = heat_command(
+        3, tmp_path / "run", "--recovery", "ulfm", "--protocol", "uncoordinated", pace=0.002
+    )
     job = run_job(command, env={"HPCKPT_FAULT": "save.write:2:kill:3"})
     assert_recovered(job, reference_checksum, [2])
     assert_only_the_lost_rank_rolled_back(job, 2)

@@ -25,7 +25,7 @@ def heat(*args: str) -> list[str]:
     return [
         sys.executable, "-m", "hpckpt.examples.heat", "--n", "64", "--iters", "200", "--every", "20",
         "--backend", "posix", "--dir", "ckpt", "--pace", "0.01", *args,
-    ]  # fmt: skip
+    ]
 
 
 def started_job(lab, *args: str):
@@ -65,7 +65,9 @@ def test_a_lost_node_ends_the_open_mpi_job_and_a_relaunch_resumes(lab_factory, r
     # The survivors did not go on. PRRTE said "lost communication with a remote daemon",
     # "A daemon failed to report back" or nothing, and exited 0 or 1: all three seen.
     assert "heat: done" not in job.stdout and "heat: recovered" not in job.stdout
-    relaunch = lab.run(lab.open_mpi(str(MPIEXEC), heat("--recovery", "ulfm"), flags=FLAGS), env=ENV, timeout=60)
+    relaunch = lab.run(
+        lab.open_mpi(str(MPIEXEC), heat("--recovery", "ulfm"), flags=FLAGS), env=ENV, timeout=60
+    )
     result = Finished(relaunch.returncode, relaunch.stdout, relaunch.stderr)
     assert result.returncode == 0, relaunch.stderr[-3000:]
     assert result.resumed_from == str(newest) and result.checksum == reference_checksum

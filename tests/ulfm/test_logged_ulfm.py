@@ -14,7 +14,9 @@ import pytest
 
 from tests.ulfm.helpers import MPIEXEC, ULFM_FLAGS, run_job, run_killing
 
-APP_DONE = re.compile(r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M)
+APP_DONE = re.compile(
+    r"^app: done resumed_from=(\S+) checksum=([0-9a-f]{64}) consistent=(yes|no) log_peak=(\d+)$", re.M
+)
 
 
 def app_command(run_dir, *args: str, ft: bool = True) -> list[str]:
@@ -34,7 +36,9 @@ def app_reference(tmp_path_factory) -> str:
 def test_every_logged_operation_survives_a_kill_in_job(seed, tmp_path, app_reference):
     rng = random.Random(200 + seed)
     rank = seed % 4  # rank 0 is the any-source receiver
-    job = run_killing(app_command(tmp_path / "run", "--ulfm", "--pace", "0.02"), [(rank, rng.uniform(0.1, 0.8))])
+    job = run_killing(
+        app_command(tmp_path / "run", "--ulfm", "--pace", "0.02"), [(rank, rng.uniform(0.1, 0.8))]
+    )
     match = APP_DONE.search(job.stdout)
     output = f"exit status {job.returncode}; stdout:\n{job.stdout}\nstderr:\n{job.stderr[-3000:]}"
     assert job.returncode == 0 and match, output

@@ -20,4 +20,9 @@ def test_groups_partition_the_ranks_and_bound_the_notices_each_rank_receives(siz
 
 
 def test_four_ranks_form_two_groups():
-    assert [arrival_group(rank, 4) for rank in range(4)] == [range(0, 2), range(0, 2), range(2, 4), range(2, 4)]
+    assert [arrival_group(rank, 4) for rank in range(4)] == [
+        range(0, 2),
+        range(0, 2),
+        range(2, 4),
+        range(2, 4),
+    ]

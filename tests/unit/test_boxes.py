@@ -51,7 +51,9 @@ def _grid(parts: tuple[int, ...], edge: int = 3) -> dict[int, tuple[tuple[int, .
     return {rank: (tuple(i * edge for i in cell), (edge,) * len(parts)) for rank, cell in enumerate(cells)}
 
 
-def _bisection(shape: tuple[int, ...], depth: int, seed: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def _bisection(
+    shape: tuple[int, ...], depth: int, seed: int
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """An orthogonal recursive bisection (as particle codes decompose): uneven cuts, axes in turn."""
     rng = np.random.default_rng(seed)
     boxes = [((0,) * len(shape), shape)]
@@ -61,7 +63,8 @@ def _bisection(shape: tuple[int, ...], depth: int, seed: int) -> list[tuple[tupl
             cut = int(rng.integers(1, extent[axis])) if extent[axis] > 1 else extent[axis]
             low = tuple(cut if a == axis else n for a, n in enumerate(extent))
             high = tuple(n - cut if a == axis else n for a, n in enumerate(extent))
-            halves += [(offset, low), (tuple(o + cut if a == axis else o for a, o in enumerate(offset)), high)]
+            high_offset = tuple(o + cut if a == axis else o for a, o in enumerate(offset))
+            halves += [(offset, low), (high_offset, high)]
         boxes = halves
     return boxes
 

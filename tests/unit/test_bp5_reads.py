@@ -41,30 +41,43 @@ def test_a_box_is_read_in_slabs_exactly_and_reports_its_bytes_in_order(
 ) -> None:
     monkeypatch.setattr(bp5, "READ_SLAB", 4 * ROW_BYTES)  # slabs of 4 full rows (fewer for a narrower box)
     whole = _whole()
-    backend, placed = _write(tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)),
-                             whole)  # fmt: skip
+    backend, placed = _write(
+        tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)), whole
+    )
     out = np.full(shape, -1.0)
     reports: list[int] = []
-    backend.read(tmp_path, [BlockData(placed, Block(0, offset, shape, "0"), out)], lambda _, end: reports.append(end))
+    backend.read(
+        tmp_path, [BlockData(placed, Block(0, offset, shape, "0"), out)], lambda _, end: reports.append(end)
+    )
     assert np.array_equal(out, whole[offset[0] : offset[0] + shape[0], offset[1] : offset[1] + shape[1]])
     rows_per_slab = 4 * ROW_BYTES // (shape[1] * 8)
-    assert reports == [min(shape[0], end) * shape[1] * 8 for end in range(rows_per_slab, shape[0] + rows_per_slab,
-                                                                           rows_per_slab)]  # fmt: skip
+    assert reports == [
+        min(shape[0], end) * shape[1] * 8
+        for end in range(rows_per_slab, shape[0] + rows_per_slab, rows_per_slab)
+    ]
 
 
-def test_a_local_block_and_a_byte_encoded_leaf_read_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_block_and_a_byte_encoded_leaf_read_back_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(bp5, "READ_SLAB", 64)
     local = np.arange(30, dtype=np.int32).reshape(5, 6)
-    backend, placed = _write(tmp_path / "local", LeafRecord("v", "local", "<i4", None, (Block(0, None, (5, 6), "0"),)),
-                             local)  # fmt: skip
+    backend, placed = _write(
+        tmp_path / "local", LeafRecord("v", "local", "<i4", None, (Block(0, None, (5, 6), "0"),)), local
+    )
     out = np.zeros_like(local)
     reports: list[int] = []
-    backend.read(tmp_path / "local", [BlockData(placed, placed.blocks[0], out)], lambda _, end: reports.append(end))
+    backend.read(
+        tmp_path / "local", [BlockData(placed, placed.blocks[0], out)], lambda _, end: reports.append(end)
+    )
     assert np.array_equal(out, local) and reports == [local.nbytes]
 
     flags = np.arange(24).reshape(4, 6) % 3 == 0  # bool: stored as bytes, one more axis
-    backend, placed = _write(tmp_path / "bytes", LeafRecord("f", "distributed", "|b1", (4, 6),
-                                                            (Block(0, (0, 0), (4, 6), "0"),)), flags)  # fmt: skip
+    backend, placed = _write(
+        tmp_path / "bytes",
+        LeafRecord("f", "distributed", "|b1", (4, 6), (Block(0, (0, 0), (4, 6), "0"),)),
+        flags,
+    )
     assert placed.location["encoding"] == "bytes"
     got = np.zeros((2, 6), dtype=bool)
     backend.read(tmp_path / "bytes", [BlockData(placed, Block(0, (2, 0), (2, 6), "0"), got)])
@@ -72,14 +85,17 @@ def test_a_local_block_and_a_byte_encoded_leaf_read_back_whole(tmp_path: Path, m
 
 
 def test_a_variable_of_another_type_or_shape_is_refused_naming_it(tmp_path: Path) -> None:
-    backend, placed = _write(tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)),
-                             _whole())  # fmt: skip
+    backend, placed = _write(
+        tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)), _whole()
+    )
     as_int = LeafRecord("u", "distributed", "<i8", SHAPE, placed.blocks, placed.location)
     with pytest.raises(ValueError, match=r"data.bp: variable .u.: it holds float64, not int64"):
         backend.read(tmp_path, [BlockData(as_int, placed.blocks[0], np.empty(SHAPE, dtype=np.int64))])
     taller = LeafRecord("u", "distributed", "<f8", (41, 6), placed.blocks, placed.location)
     with pytest.raises(KeyError, match=r"variable 'u' has shape \[40, 6\], not \[41, 6\]"):
         backend.read(tmp_path, [BlockData(taller, placed.blocks[0], np.empty(SHAPE))])
-    missing = LeafRecord("w", "distributed", "<f8", SHAPE, placed.blocks, {**placed.location, "variable": "w"})
+    missing = LeafRecord(
+        "w", "distributed", "<f8", SHAPE, placed.blocks, {**placed.location, "variable": "w"}
+    )
     with pytest.raises(KeyError, match=r"has no variable 'w'"):
         backend.read(tmp_path, [BlockData(missing, placed.blocks[0], np.empty(SHAPE))])

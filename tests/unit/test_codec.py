@@ -45,7 +45,10 @@ def test_blocks_larger_than_a_piece_are_split(monkeypatch):
     ("mangle", "message"),
     [
         (lambda s: s[:4], "has no header"),
-        (lambda s: np.concatenate([np.array([9], "<u8").view(np.uint8), s[8:]]), "header says 9 pieces; 1 expected"),
+        (
+            lambda s: np.concatenate([np.array([9], "<u8").view(np.uint8), s[8:]]),
+            "header says 9 pieces; 1 expected",
+        ),
         (lambda s: s[:-3], "sizes do not add up"),
     ],
 )
@@ -102,8 +105,14 @@ def test_lossy_streams_are_checked_before_zfp_parses_them():
 
 def test_lossy_applies_to_float_arrays_of_one_to_four_dimensions_only():
     assert codec.lossy_applies(np.zeros((2, 3), np.float32))
-    for array in (np.zeros(3, np.int64), np.zeros(()), np.zeros((1,) * 5), np.zeros((0, 4)), np.zeros(3, ">f8"),
-                  np.zeros(3, np.complex128)):  # fmt: skip
+    for array in (
+        np.zeros(3, np.int64),
+        np.zeros(()),
+        np.zeros((1,) * 5),
+        np.zeros((0, 4)),
+        np.zeros(3, ">f8"),
+        np.zeros(3, np.complex128),
+    ):
         assert not codec.lossy_applies(array), array
 
 

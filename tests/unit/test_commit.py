@@ -54,7 +54,8 @@ def test_retention_policies_keep_the_union_of_what_each_keeps(tmp_path, best, ke
     for step, metric in ((1, 0.5), (2, 0.1), (3, 0.9), (4, 0.2), (5, 0.8), (6, None)):
         commit_step(run_dir, step, metric)
     policies = (KeepNewest(1), KeepBest(2, best))
-    assert KeepBest(2, best).keeps(run_dir, run_dir.committed_steps()) == set(kept) - {6}  # no metric: never best
+    # no metric: never best
+    assert KeepBest(2, best).keeps(run_dir, run_dir.committed_steps()) == set(kept) - {6}
     assert retain(run_dir, policies) == [step for step in range(1, 7) if step not in kept]
     assert run_dir.committed_steps() == kept
 
@@ -97,6 +98,8 @@ def test_recycling_moves_the_deleted_steps_files_into_the_next_step(tmp_path):
     assert os.stat(temp / "data.h5").st_ino == inode and not os.listdir(tmp_path / ".recycle")
     commit(run_dir, 3)  # lists data.h5 only: extra.bin is removed
     assert sorted(os.listdir(run_dir.step_path(3))) == ["data.h5", MANIFEST_NAME]
-    assert retain(run_dir, (KeepNewest(1),), recycle=True) == [2] and os.listdir(tmp_path / ".recycle") == ["data.h5"]
-    assert retain(run_dir, (KeepNewest(1),)) == [] and not (tmp_path / ".recycle").exists()  # without recycling: removed
+    assert retain(run_dir, (KeepNewest(1),), recycle=True) == [2]
+    assert os.listdir(tmp_path / ".recycle") == ["data.h5"]
+    # without recycling: removed
+    assert retain(run_dir, (KeepNewest(1),)) == [] and not (tmp_path / ".recycle").exists()
 

@@ -15,7 +15,12 @@ class FakeDeviceArray:
     """Stands in for a GPU array (there is no GPU here): it only exposes the CUDA array interface."""
 
     shape, dtype = (4,), np.dtype("float32")
-    __cuda_array_interface__: ClassVar[dict] = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+    __cuda_array_interface__: ClassVar[dict] = {
+        "shape": (4,),
+        "typestr": "<f4",
+        "data": (0, False),
+        "version": 3,
+    }
 
 
 class FakeDLPack:
@@ -43,7 +48,10 @@ def test_a_device_leaf_without_cupy_names_the_leaf_and_the_fix(tmp_path):
         with pytest.raises(hpckpt.CollectiveError) as info:
             checkpointer.save(1, state)
         message = str(info.value)
-        assert "leaf 'model/w' is a device (GPU) array; saving it needs CuPy and a GPU: pip install cupy-cuda12x" in message
+        assert (
+            "leaf 'model/w' is a device (GPU) array; saving it needs CuPy and a GPU: pip install cupy-cuda12x"
+            in message
+        )
         with pytest.raises(hpckpt.CollectiveError, match="save step 2: snapshot"):
             checkpointer.save(2, state, blocking=False)
     assert isinstance(info.value.__cause__, InvalidStateError)

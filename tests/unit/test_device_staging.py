@@ -94,14 +94,18 @@ def test_device_leaves_round_trip_in_place_with_exact_checksums(cupy, tmp_path, 
         if handle is not None:
             handle.wait()
         target = make_state(cupy, 2)
-        pointers = {"grid": target["grid"].array.data.ptr, "ids": target["ids"].array.data.ptr,
-                    "weights": target["weights"].array._memory.ctypes.data,
-                    "bias": target["bias"].array.detach().data.ptr}  # fmt: skip
+        pointers = {
+            "grid": target["grid"].array.data.ptr,
+            "ids": target["ids"].array.data.ptr,
+            "weights": target["weights"].array._memory.ctypes.data,
+            "bias": target["bias"].array.detach().data.ptr,
+        }
         assert checkpointer.restore(target) == 1
     restored = device_values(cupy, target)
     for name, values in expected.items():
         assert restored[name].tobytes() == values.tobytes(), name
-    assert target["grid"].array.data.ptr == pointers["grid"] and target["ids"].array.data.ptr == pointers["ids"]
+    assert target["grid"].array.data.ptr == pointers["grid"]
+    assert target["ids"].array.data.ptr == pointers["ids"]
     assert target["weights"].array._memory.ctypes.data == pointers["weights"]  # the same device memory
     assert target["bias"].array.detach().data.ptr == pointers["bias"]
     checksums = stored_checksums(tmp_path / "run", 1)
@@ -111,7 +115,12 @@ def test_device_leaves_round_trip_in_place_with_exact_checksums(cupy, tmp_path, 
 
 def test_all_copies_are_enqueued_before_the_first_wait_and_checksummed_chunk_by_chunk(cupy, tmp_path):
     state = make_state(cupy, 3)
-    leaves = [state["grid"].array, state["ids"].array, state["bias"].array.detach(), state["weights"].array._memory]
+    leaves = [
+        state["grid"].array,
+        state["ids"].array,
+        state["bias"].array.detach(),
+        state["weights"].array._memory,
+    ]
     nbytes = [leaf.nbytes for leaf in leaves]
     chunks = sum(-(-size // CHUNK) for size in nbytes)
     with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
@@ -138,7 +147,9 @@ def test_a_save_sees_the_work_queued_on_the_application_stream(cupy, tmp_path):
 def test_a_device_leaf_without_a_gpu_names_the_leaf(cupy, tmp_path, monkeypatch):
     monkeypatch.setattr(cupy, "DEVICE_COUNT", 0)
     with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
-        with pytest.raises(hpckpt.CollectiveError, match="leaf 'ids' is a device array but this process sees no GPU"):
+        with pytest.raises(
+            hpckpt.CollectiveError, match="leaf 'ids' is a device array but this process sees no GPU"
+        ):
             checkpointer.save(1, {"ids": hpckpt.Local(cupy.asarray(np.arange(4)))})
         assert checkpointer.steps() == []
 

@@ -137,19 +137,27 @@ def test_hdf5_starts_datasets_large_enough_for_direct_writes_on_a_page(tmp_path:
     from hpckpt.storage import open_backend
     from hpckpt.storage.base import BlockData
 
-    arrays = {"small": np.arange(3, dtype=np.int16), "large": aligned_empty((direct.DIRECT_MIN // 8 + 5,), np.float64)}
+    arrays = {
+        "small": np.arange(3, dtype=np.int16),
+        "large": aligned_empty((direct.DIRECT_MIN // 8 + 5,), np.float64),
+    }
     arrays["large"][:] = 2.5
-    records = [LeafRecord(path, "replicated", array.dtype.str, array.shape, (Block(0, (0,), array.shape, "0"),))
-               for path, array in arrays.items()]  # fmt: skip
+    records = [
+        LeafRecord(path, "replicated", array.dtype.str, array.shape, (Block(0, (0,), array.shape, "0"),))
+        for path, array in arrays.items()
+    ]
     for options, large_aligned in (({}, True), ({"direct_io": False}, False)):
         backend = open_backend("hdf5", options)
         placed = backend.layout(records)
         directory = tmp_path / str(len(options))
         directory.mkdir()
-        backend.write(MPI.COMM_SELF, directory, placed, [BlockData(r, r.blocks[0], arrays[r.path]) for r in placed])
+        backend.write(
+            MPI.COMM_SELF, directory, placed, [BlockData(r, r.blocks[0], arrays[r.path]) for r in placed]
+        )
         with h5py.File(directory / "data.h5", "r") as h5:
             if large_aligned:
                 assert h5["large"].id.get_offset() % PAGE == 0
             assert h5["small"].id.get_offset() % PAGE != 0  # small datasets are not aligned
-            assert np.array_equal(h5["large"][()], arrays["large"]) and np.array_equal(h5["small"][()], arrays["small"])
+            assert np.array_equal(h5["large"][()], arrays["large"])
+            assert np.array_equal(h5["small"][()], arrays["small"])
     assert open_backend("hdf5").direct_io

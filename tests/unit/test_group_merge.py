@@ -34,7 +34,9 @@ def grid_plan(rank: int, box=None) -> RankPlan:
     rows = 3 * MIN_REPLICATED_CHUNK // 8  # three chunks: ranks 0-2 write one each
     leaves = (
         LeafPlan("grid", "distributed", "<f8", shape, offset, (6, 20), f"g{rank}"),
-        LeafPlan("big", "replicated", "<f4", (rows, 2), (), None, f"b{rank}", chunk_checksums=("x", "y", "z")),
+        LeafPlan(
+            "big", "replicated", "<f4", (rows, 2), (), None, f"b{rank}", chunk_checksums=("x", "y", "z")
+        ),
         LeafPlan("part", "local", "<i4", (rank % 3,), (), None, f"p{rank}"),
         pack_plan([("small", "<f8", (2,), None)], 16, f"k{rank}", None, None),
     )
@@ -56,14 +58,19 @@ def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
         assert blocks == record.blocks, record.path
     assert verdict.headers == tuple(replace(record, blocks=()) for record in whole)
     assert verdict.nbytes == sum(record.nbytes for record in whole)
-    # Local "part" holds rank % 3 elements: ranks 1, 2 | 4, 5, 7 | 8 hold bytes; every rank's pack does (16 bytes)
+    # Local "part" holds rank % 3 elements: ranks 1, 2 | 4, 5, 7 | 8 hold bytes;
+    # every rank's pack does (16 bytes)
     extents = [ADIOS2Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)]
     adios2_starts = ADIOS2Backend().group_starts(extents, verdict.headers)
     assert adios2_starts == [{"part": 0, PACK_PATH: 0}, {"part": 2, PACK_PATH: 4}, {"part": 5, PACK_PATH: 8}]
-    hdf5_starts = HDF5Backend().group_starts([HDF5Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)],
-                                             verdict.headers)  # fmt: skip
-    assert hdf5_starts == [{"part": (0, 9), PACK_PATH: (0, 160)}, {"part": (3, 9), PACK_PATH: (64, 160)},
-                           {"part": (7, 9), PACK_PATH: (128, 160)}]  # fmt: skip
+    hdf5_starts = HDF5Backend().group_starts(
+        [HDF5Backend().group_extent(r, g) for (r, _), g in zip(pieces, GROUPS)], verdict.headers
+    )
+    assert hdf5_starts == [
+        {"part": (0, 9), PACK_PATH: (0, 160)},
+        {"part": (3, 9), PACK_PATH: (64, 160)},
+        {"part": (7, 9), PACK_PATH: (128, 160)},
+    ]
     for backend in (PosixBackend(), ADIOS2Backend(), HDF5Backend()):
         laid_out = backend.layout(whole)
         expected = backend.parts(laid_out, range(RANKS))
@@ -78,12 +85,20 @@ def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
 
 def changed(plan: RankPlan) -> RankPlan:
     """``plan`` with new contents in every block but the replicated leaf's."""
-    return RankPlan(tuple(leaf if leaf.kind == "replicated" else replace(leaf, checksum=leaf.checksum + "'")
-                          for leaf in plan.leaves), plan.values)  # fmt: skip
+    return RankPlan(
+        tuple(
+            leaf if leaf.kind == "replicated" else replace(leaf, checksum=leaf.checksum + "'")
+            for leaf in plan.leaves
+        ),
+        plan.values,
+    )
 
 
-@pytest.mark.parametrize("backend", [PosixBackend(), PosixBackend(ranks_per_file=3), ADIOS2Backend(), HDF5Backend()],
-                         ids=["posix", "posix-shared", "adios2", "hdf5"])  # fmt: skip
+@pytest.mark.parametrize(
+    "backend",
+    [PosixBackend(), PosixBackend(ranks_per_file=3), ADIOS2Backend(), HDF5Backend()],
+    ids=["posix", "posix-shared", "adios2", "hdf5"],
+)
 @pytest.mark.parametrize("changing", [(), (1, 5, 6), tuple(range(RANKS))])
 def test_a_delta_laid_out_in_groups_is_laid_out_as_a_whole_delta(backend, changing):
     """Each leader compares its group's blocks with the base step's: the blocks written,
@@ -101,18 +116,24 @@ def test_a_delta_laid_out_in_groups_is_laid_out_as_a_whole_delta(backend, changi
     assert verdict is not None
     deltas = [plan_delta(records, base, backend.name, ALGORITHM) for records, _ in pieces]
     written = [to_write(records, group_delta) for (records, _), group_delta in zip(pieces, deltas)]
-    writes = all_group_writes([group_writes(records, group_delta) for records, group_delta in zip(written, deltas)])
+    writes = all_group_writes(
+        [group_writes(records, group_delta) for records, group_delta in zip(written, deltas)]
+    )
     assert writes.nbytes == sum(record.nbytes for record in laid_out)
     assert writes.in_steps == {1}  # the replicated leaf is never changed
     assert {key: block for group_delta in deltas for key, block in group_delta.reused.items()} == delta.reused
     headers = tuple(header for header in verdict.headers if header.path in writes.paths)
-    starts = backend.group_starts([backend.group_extent(records, group) for records, group in zip(written, GROUPS)], headers)
+    starts = backend.group_starts(
+        [backend.group_extent(records, group) for records, group in zip(written, GROUPS)], headers
+    )
     for records, group, start in zip(written, GROUPS, starts):
         for rank, part in zip(group, backend.parts(backend.layout(records, start), group)):
             assert own_blocks(part, rank) == own_blocks(expected[rank], rank), rank
             if backend.name == "posix" and own_blocks(part, rank):  # where the rank cuts its recycled file
-                assert _ends(part).get(backend.file_of(rank)) == _ends(expected[rank]).get(backend.file_of(rank)), rank
-    placed = tuple(replace(record, blocks=()) for record in backend.layout(headers, starts[0]))  # rank 0's, its blocks aside
+                own_file = backend.file_of(rank)
+                assert _ends(part).get(own_file) == _ends(expected[rank]).get(own_file), rank
+    # rank 0's, its blocks aside
+    placed = tuple(replace(record, blocks=()) for record in backend.layout(headers, starts[0]))
     assert placed == tuple(replace(record, blocks=()) for record in laid_out)
     locations = {record.path: record.location for record in base.leaves}
     assert compose(verdict.headers, placed, Delta(1, 0, {}, locations)) == tuple(
@@ -136,8 +157,10 @@ def boxes_plans(boxes):
     "boxes",
     [
         [(0, 1)] * 10,  # every rank the same element
-        [(0, 2), (1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1)],  # an overlap in a group, 11 uncovered
-        [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (6, 1), (7, 1), (8, 1), (9, 1), (10, 2)],  # an overlap across groups, hole
+        # an overlap in a group, 11 uncovered
+        [(0, 2), (1, 2), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (10, 1)],
+        # an overlap across groups, hole
+        [(0, 1), (1, 1), (2, 1), (3, 2), (4, 2), (6, 1), (7, 1), (8, 1), (9, 1), (10, 2)],
         [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (10, 1)],  # a hole only
         [(0, 2), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1), (11, 2)],  # past the end
     ],
@@ -165,16 +188,24 @@ def test_posix_files_shared_across_groups_get_the_offsets_and_ends_of_a_whole_la
     rank's part ends its file where that layout does (a recycled file is cut there)."""
     lengths = [0 if rank in empty else 100 * (rank % 3 + 1) for rank in range(RANKS)]
     starts = [sum(lengths[:rank]) for rank in range(RANKS)]
-    plans = [RankPlan((LeafPlan("u", "distributed", "<f8", (lengths[rank],), (starts[rank],), (sum(lengths),), "u"),
-                       LeafPlan("part", "local", "<i4", (0 if rank in empty else rank + 1,), (), None, "p"),
-                       LeafPlan("table", "replicated", "<f4", (16,), (), None, "t", chunk_checksums=("t",))), {})
-             for rank in range(RANKS)]  # fmt: skip
+    plans = [
+        RankPlan(
+            (
+                LeafPlan("u", "distributed", "<f8", (lengths[rank],), (starts[rank],), (sum(lengths),), "u"),
+                LeafPlan("part", "local", "<i4", (0 if rank in empty else rank + 1,), (), None, "p"),
+                LeafPlan("table", "replicated", "<f4", (16,), (), None, "t", chunk_checksums=("t",)),
+            ),
+            {},
+        )
+        for rank in range(RANKS)
+    ]
     backend = PosixBackend(ranks_per_file=ranks_per_file, segment_alignment=4096)
     whole = backend.layout(merge_plans(plans)[0])
     pieces, verdict = merged_in_groups(plans)
     assert verdict is not None
-    starts = backend.group_starts([backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)],
-                                  verdict.headers)  # fmt: skip
+    starts = backend.group_starts(
+        [backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)], verdict.headers
+    )
     whole_ends = _ends(whole)
     outside = 0  # the ends of files whose last byte another group writes
     for (records, _), group, start in zip(pieces, GROUPS, starts):
@@ -182,7 +213,9 @@ def test_posix_files_shared_across_groups_get_the_offsets_and_ends_of_a_whole_la
         outside += sum(1 for record in placed for block in record.blocks if block.rank not in group)
         for rank, part in zip(group, backend.parts(placed, group)):
             own = [(record.path, block) for record in part for block in record.blocks if block.rank == rank]
-            assert own == [(record.path, block) for record in whole for block in record.blocks if block.rank == rank]
+            assert own == [
+                (record.path, block) for record in whole for block in record.blocks if block.rank == rank
+            ]
             assert _ends(part) == {backend.file_of(rank): whole_ends[backend.file_of(rank)]}, (rank, start)
     assert (outside > 0) == (ranks_per_file in (3, 6, 16))  # files of 1 or 4 ranks never span two groups
 

@@ -25,8 +25,10 @@ def state(iteration: int, label: str | None) -> dict:
         "u": hpckpt.Distributed(np.zeros((4, 3)), global_shape=(4, 3), offset=(0, 0), dims=("y", "x")),
         "profile": hpckpt.Replicated(np.arange(4.0), dims="y"),
         "rng": hpckpt.Local(np.arange(5, dtype=np.uint32)),
-        "it": iteration, "cfg": {"label": label, "dt": 0.5}, "flag": True,
-    }  # fmt: skip
+        "it": iteration,
+        "cfg": {"label": label, "dt": 0.5},
+        "flag": True,
+    }
 
 
 def values(nc) -> dict:
@@ -63,11 +65,15 @@ def test_bad_axis_names_are_refused_saying_why(tmp_path):
         ckpt.save(1, clash)
     assert "axis 'n' has length 4 in leaf 'u' but 3 in 'v'" in str(info.value)
     taken = {"n": hpckpt.Replicated(np.zeros(4), dims="n")}
-    with checkpointer(tmp_path / "taken") as ckpt, pytest.raises(hpckpt.CollectiveError, match="also the path of a leaf"):
+    with (
+        checkpointer(tmp_path / "taken") as ckpt,
+        pytest.raises(hpckpt.CollectiveError, match="also the path of a leaf"),
+    ):
         ckpt.save(1, taken)
 
 
 def test_ranks_that_name_axes_differently_are_refused():
     plans = [RankPlan((), {}, (), {"u": ("y", "x")}), RankPlan((), {}, (), {"u": ("x", "y")})]
-    with pytest.raises(hpckpt.InvalidStateError, match=r"ranks 0 and 1 name the axes \(dims=\) of \['u'\] differently"):
+    refused = r"ranks 0 and 1 name the axes \(dims=\) of \['u'\] differently"
+    with pytest.raises(hpckpt.InvalidStateError, match=refused):
         merge_plans(plans)

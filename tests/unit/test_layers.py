@@ -11,16 +11,26 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpckpt"
 LAYERS = [  # lowest first; a module's layer is the longest prefix listed
-    ("base", ["hpckpt._checks", "hpckpt._hooks", "hpckpt._gc", "hpckpt.errors", "hpckpt.checksum", "hpckpt._comm",
-              "hpckpt.progress", "hpckpt.schedule", "hpckpt.slurm"]),
+    (
+        "base",
+        [
+            "hpckpt._checks", "hpckpt._hooks", "hpckpt._gc", "hpckpt.errors", "hpckpt.checksum",
+            "hpckpt._comm", "hpckpt.progress", "hpckpt.schedule", "hpckpt.slurm",
+        ],
+    ),
     ("model", ["hpckpt.model"]),
     ("buffers and storage", ["hpckpt.buffers", "hpckpt.storage"]),
     ("protocols and levels", ["hpckpt.messages", "hpckpt.protocols", "hpckpt.levels", "hpckpt.recovery"]),
     ("engines", ["hpckpt.engines", "hpckpt.options"]),
-    ("facade", ["hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.testing",
-                "hpckpt.attachment", "hpckpt.restoring", "hpckpt.stateful"]),
+    (
+        "facade",
+        [
+            "hpckpt", "hpckpt.checkpointer", "hpckpt.catalog", "hpckpt.convert", "hpckpt.testing",
+            "hpckpt.attachment", "hpckpt.restoring", "hpckpt.stateful",
+        ],
+    ),
     ("command line and examples", ["hpckpt.cli", "hpckpt.__main__", "hpckpt.relaunch", "hpckpt.examples"]),
-]  # fmt: skip
+]
 
 
 def module_name(path: Path) -> str:
@@ -29,8 +39,12 @@ def module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> int:
-    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-               if module == prefix or module.startswith(prefix + ".")]  # fmt: skip
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
     assert matches, f"{module} has no layer in tests/unit/test_layers.py"
     return max(matches)[1]
 
@@ -66,12 +80,17 @@ def test_no_module_imports_a_layer_above_its_own():
         module = module_name(path)
         for imported in sorted(imports_of(path)):
             if layer_of(imported) > layer_of(module):
-                upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {imported} "
-                              f"({LAYERS[layer_of(imported)][0]})")  # fmt: skip
+                upward.append(
+                    f"{module} ({LAYERS[layer_of(module)][0]}) imports {imported} "
+                    f"({LAYERS[layer_of(imported)][0]})"
+                )
     assert not upward, "\n".join(upward)
 
 
 def test_the_library_reaches_fault_injection_only_through_the_hook():
-    users = sorted(module_name(path) for path in PACKAGE.rglob("*.py")
-                   if any(name.startswith("hpckpt.testing") for name in imports_of(path)))  # fmt: skip
+    users = sorted(
+        module_name(path)
+        for path in PACKAGE.rglob("*.py")
+        if any(name.startswith("hpckpt.testing") for name in imports_of(path))
+    )
     assert users == ["hpckpt", "hpckpt.examples.heat", "hpckpt.examples.train"], users

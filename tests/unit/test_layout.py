@@ -21,7 +21,9 @@ def dist(offset, shape, dtype="<f8", global_shape=(4,)):
 
 
 def test_merge_builds_blocks_per_rank():
-    records, values = merge_plans([RankPlan((dist((0,), (3,)),), {"it": 1}), RankPlan((dist((3,), (1,)),), {"it": 1})])
+    records, values = merge_plans(
+        [RankPlan((dist((0,), (3,)),), {"it": 1}), RankPlan((dist((3,), (1,)),), {"it": 1})]
+    )
     (record,) = records
     assert [(b.rank, b.offset, b.shape) for b in record.blocks] == [(0, (0,), (3,)), (1, (3,), (1,))]
     assert values == {"it": 1}
@@ -31,7 +33,8 @@ def test_a_small_replicated_array_is_one_block_and_ranks_must_agree():
     rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
     rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("aa",))
     (record,), _ = merge_plans([RankPlan((rep,), {}), RankPlan((rest,), {})])
-    assert [(b.rank, b.shape, b.checksum) for b in record.blocks] == [(0, (2, 2), "aa")] and record.global_shape == (2, 2)
+    assert [(b.rank, b.shape, b.checksum) for b in record.blocks] == [(0, (2, 2), "aa")]
+    assert record.global_shape == (2, 2)
     other = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("bb",))
     with pytest.raises(InvalidStateError, match="replicated leaf 'w' differs between rank 0"):
         merge_plans([RankPlan((rep,), {}), RankPlan((other,), {})])
@@ -42,12 +45,22 @@ def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
     chunks = replicated_chunks((rows, 4), 8, 4)
     assert len(chunks) == 3 and sum(shape[0] for _, shape in chunks) == rows  # no chunk under the minimum
     assert [offset[0] for offset, _ in chunks] == [0, rows // 3, 2 * rows // 3]
-    assert replicated_chunks((rows, 4), 8, 2) == [((0, 0), (rows // 2, 4)), ((rows // 2, 0), (rows - rows // 2, 4))]
+    assert replicated_chunks((rows, 4), 8, 2) == [
+        ((0, 0), (rows // 2, 4)),
+        ((rows // 2, 0), (rows - rows // 2, 4)),
+    ]
     assert replicated_chunks((), 8, 4) == [((), ())] and replicated_chunks((0, 4), 8, 4) == [((0, 0), (0, 4))]
     sums = ("a", "b", "c")
-    plans = [RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), offset, None, sums[rank], chunk_checksums=sums),), {})
-             for rank, (offset, _) in enumerate(chunks)]  # fmt: skip
-    plans.append(RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, "", chunk_checksums=sums),), {}))
+    plans = [
+        RankPlan(
+            (LeafPlan("w", "replicated", "<f8", (rows, 4), offset, None, sums[rank], chunk_checksums=sums),),
+            {},
+        )
+        for rank, (offset, _) in enumerate(chunks)
+    ]
+    plans.append(
+        RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, "", chunk_checksums=sums),), {})
+    )
     (record,), _ = merge_plans(plans)
     assert [(b.rank, b.offset, b.shape, b.checksum) for b in record.blocks] == [
         (rank, offset, shape, sums[rank]) for rank, (offset, shape) in enumerate(chunks)]
@@ -56,8 +69,14 @@ def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
 @pytest.mark.parametrize(
     ("second", "message"),
     [
-        (RankPlan((dist((3,), (1,), dtype="<f4"),), {}), "leaf 'u' has dtype <f8 on rank 0 but <f4 on rank 1"),
-        (RankPlan((dist((3,), (1,), global_shape=(5,)),), {}), "global_shape (4,) on rank 0 but (5,) on rank 1"),
+        (
+            RankPlan((dist((3,), (1,), dtype="<f4"),), {}),
+            "leaf 'u' has dtype <f8 on rank 0 but <f4 on rank 1",
+        ),
+        (
+            RankPlan((dist((3,), (1,), global_shape=(5,)),), {}),
+            "global_shape (4,) on rank 0 but (5,) on rank 1",
+        ),
         (RankPlan((), {}), "array leaves only on rank 0: ['u']"),
         (RankPlan((dist((3,), (1,)),), {"it": 2}), "not on both"),
         (RankPlan((dist((2,), (2,)),), {}), "the boxes of ranks 0 and 1 overlap"),
@@ -75,20 +94,25 @@ def test_plain_values_must_agree():
 
 
 def test_pending_checksums_are_filled_from_each_ranks_report():
-    plans = [RankPlan((LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), LATER),), {}),
-             RankPlan((LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER),), {})]  # fmt: skip
+    plans = [
+        RankPlan((LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), LATER),), {}),
+        RankPlan((LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER),), {}),
+    ]
     records, _ = merge_plans(plans)
     (filled,) = fill_checksums(records, [{"u": "aa"}, {"u": "bb"}], {})
     assert [block.checksum for block in filled.blocks] == ["aa", "bb"]
     (known,) = merge_plans([RankPlan((dist((0,), (4,)),), {})])[0]
-    assert fill_checksums((known,), [{"u": "c"}], {}) == (known,)  # a checksum known at planning is reported too
+    # a checksum known at planning is reported too
+    assert fill_checksums((known,), [{"u": "c"}], {}) == (known,)
 
 
 def test_digests_split_what_ranks_share_from_where_each_rank_writes():
     first, second = RankPlan((dist((0,), (3,)),), {"it": 1}), RankPlan((dist((3,), (1,)),), {"it": 1})
     assert plan_digests(first)[0] == plan_digests(second)[0]  # the same tree and values
     assert plan_digests(first)[1] != plan_digests(second)[1]  # other boxes
-    recomputed = RankPlan((LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), "other checksum"),), {"it": 1})
+    recomputed = RankPlan(
+        (LeafPlan("u", "distributed", "<f8", (3,), (0,), (4,), "other checksum"),), {"it": 1}
+    )
     assert plan_digests(recomputed) == plan_digests(first)  # new data, same layout: both digests unchanged
     assert plan_digests(RankPlan(first.leaves, {"it": 2}))[0] != plan_digests(first)[0]
     assert plan_digests(RankPlan((dist((0,), (3,), dtype="<f4"),), {"it": 1}))[0] != plan_digests(first)[0]
@@ -97,15 +121,20 @@ def test_digests_split_what_ranks_share_from_where_each_rank_writes():
     assert plan_digests(packed)[0] == plan_digests(alone)[0]  # packed on one rank, alone on another: one tree
     rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
     changed = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "bb", chunk_checksums=("bb",))
-    assert plan_digests(RankPlan((rep,), {}))[0] != plan_digests(RankPlan((changed,), {}))[0]  # copies must agree
+    # copies must agree
+    assert plan_digests(RankPlan((rep,), {}))[0] != plan_digests(RankPlan((changed,), {}))[0]
     assert plan_digests(RankPlan((rep,), {}))[1] == plan_digests(RankPlan((changed,), {}))[1]
 
 
 def test_a_kind_counts_in_the_digests_as_its_name_given_as_a_member_or_a_string():
     boxes = {"distributed": ((3,), (0,), (4,)), "replicated": ((2,), (0,), None), "local": ((2,), (), None)}
     for kind, (shape, offset, global_shape) in boxes.items():
-        plans = [RankPlan((LeafPlan("x", given, "<f8", shape, offset, global_shape, "c", chunk_checksums=("c",)),), {})
-                 for given in (kind, LeafKind(kind))]
+        plans = [
+            RankPlan(
+                (LeafPlan("x", given, "<f8", shape, offset, global_shape, "c", chunk_checksums=("c",)),), {}
+            )
+            for given in (kind, LeafKind(kind))
+        ]
         assert plan_digests(plans[0]) == plan_digests(plans[1])
     packed = RankPlan((pack_plan([("v", "<i4", (2,), None)], 8, "aa", None, None),), {})
     alone = RankPlan((LeafPlan("v", LeafKind.LOCAL, "<i4", (2,), (), None, "bb"),), {})
@@ -120,17 +149,23 @@ def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_chec
     records, _ = merge_plans(plans)
     kept = [AgreedLayout.of(7, plan_digests(plans[rank])[1], rank, 2, records, 80) for rank in (0, 1)]
     assert kept[0].step == kept[1].step == 7 and kept[0].digest != kept[1].digest
-    assert [(record.path, block.rank) for record, block in kept[1].own] == [("u", 1)]  # rank 1 writes no chunk of w
+    # rank 1 writes no chunk of w
+    assert [(record.path, block.rank) for record, block in kept[1].own] == [("u", 1)]
     assert sum(record.nbytes for record in kept[1].records) == 4 * 8 + 4 * 4
     filled = fill_checksums(kept[0].records, [{"u": "x0"}, {"u": "x1"}], {"w": ("y0",)})
     assert [[block.checksum for block in record.blocks] for record in filled] == [["x0", "x1"], ["y0"]]
 
 
 def test_each_rank_gets_every_record_with_its_own_blocks_or_its_groups():
-    plans = [RankPlan((dist((0,), (1,)),), {}), RankPlan((dist((1,), (1,)),), {}), RankPlan((dist((2,), (2,)),), {})]
+    plans = [
+        RankPlan((dist((0,), (1,)),), {}),
+        RankPlan((dist((1,), (1,)),), {}),
+        RankPlan((dist((2,), (2,)),), {}),
+    ]
     records, _ = merge_plans(plans)
     parts = records_by_rank(records, range(3))
     assert [[block.rank for block in part[0].blocks] for part in parts] == [[0], [1], [2]]
-    shared = records_by_rank(records, range(3), lambda rank: rank // 2)  # ranks 0 and 1 share a group (a posix file)
+    # ranks 0 and 1 share a group (a posix file)
+    shared = records_by_rank(records, range(3), lambda rank: rank // 2)
     assert [[block.rank for block in part[0].blocks] for part in shared] == [[0, 1], [0, 1], [2]]
     assert all(part[0].path == "u" and part[0].global_shape == (4,) for part in parts)

@@ -14,8 +14,12 @@ def test_striping_from_a_dict():
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [({"count": 8}, "keys 'count' and 'size'"), ({"count": 0, "size": 65536}, "count must be an integer >= 1"),
-     ({"count": 2, "size": 1000}, "multiple of 64 KiB"), ({"count": True, "size": 65536}, "count must be")],
+    [
+        ({"count": 8}, "keys 'count' and 'size'"),
+        ({"count": 0, "size": 65536}, "count must be an integer >= 1"),
+        ({"count": 2, "size": 1000}, "multiple of 64 KiB"),
+        ({"count": True, "size": 65536}, "count must be"),
+    ],
 )
 def test_bad_striping_is_named(value, message):
     with pytest.raises(ValueError, match=message):

@@ -119,7 +119,10 @@ def test_the_location_keys_every_backend_shares_are_typed_fields_of_a_block():
     [
         ("{", "m.json: not a valid hpckpt manifest: Expecting property name"),
         ('{"format": "other"}', "format is 'other', expected 'hpckpt-manifest'"),
-        ('{"format": "hpckpt-manifest", "version": 99}', "version 99; this hpckpt reads versions (1, 2, 3, 4, 5)"),
+        (
+            '{"format": "hpckpt-manifest", "version": 99}',
+            "version 99; this hpckpt reads versions (1, 2, 3, 4, 5)",
+        ),
         ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'step'"),
     ],
 )
@@ -136,7 +139,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -166,7 +171,10 @@ def assert_consistent(manifest: Manifest) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["step", "world_size", "files", "values", "leaves", "created", "file_checksums"]), JSON_VALUES)
+@given(
+    st.sampled_from(["step", "world_size", "files", "values", "leaves", "created", "file_checksums"]),
+    JSON_VALUES,
+)
 def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field, value):
     body = unsigned(make_manifest())
     body[field] = value
@@ -178,7 +186,10 @@ def test_a_valid_manifest_with_one_field_replaced_parses_or_fails_clearly(field,
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["path", "kind", "dtype", "global_shape", "blocks", "location", "encoding"]), JSON_VALUES)
+@given(
+    st.sampled_from(["path", "kind", "dtype", "global_shape", "blocks", "location", "encoding"]),
+    JSON_VALUES,
+)
 def test_a_leaf_with_one_field_replaced_parses_or_fails_clearly(field, value):
     body = unsigned(make_manifest())
     body["leaves"][0][field] = value
@@ -214,7 +225,8 @@ def test_object_and_record_dtypes_are_refused():
 
 
 @pytest.mark.parametrize(
-    ("leaf", "encoding"), [(0, "pickle"), (1, "pickle"), (1, "marshal"), (1, 3), (0, "bfloat16"), (1, "bfloat16")]
+    ("leaf", "encoding"),
+    [(0, "pickle"), (1, "pickle"), (1, "marshal"), (1, 3), (0, "bfloat16"), (1, "bfloat16")],
 )
 def test_only_local_bytes_can_be_marked_pickled_and_only_uint16_bfloat16(leaf, encoding):
     body = unsigned(make_manifest())
@@ -277,9 +289,14 @@ def sharded_files(manifest: Manifest) -> dict[str, str]:
     one shard, rank 1's in the other, and manifest.json without blocks."""
     files = {}
     for first in (0, 1):
-        blocks = {record.path: [block for block in record.blocks if block.rank == first] for record in manifest.leaves}
+        blocks = {
+            record.path: [block for block in record.blocks if block.rank == first]
+            for record in manifest.leaves
+        }
         files[shard_name(first)] = shard_json(manifest.step, first, first + 1, blocks)
-    shards = tuple(Shard(name, first, first + 1, text_checksum(text)) for first, (name, text) in enumerate(files.items()))
+    shards = tuple(
+        Shard(name, first, first + 1, text_checksum(text)) for first, (name, text) in enumerate(files.items())
+    )
     without_blocks = tuple(replace(record, blocks=()) for record in manifest.leaves)
     files["manifest.json"] = replace(manifest, leaves=without_blocks, shards=shards).to_json()
     return files
@@ -315,18 +332,40 @@ def change_shard(files: dict[str, str], name: str, change) -> dict[str, str]:
     return {**files, name: text, "manifest.json": json.dumps(top)}
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda files: {**files, "manifest-shard-00001.json": files["manifest-shard-00001.json"].replace('"rank":1', '"rank":0')},
-     "shard manifest-shard-00001.json does not match the checksum"),
-    (lambda files: {name: text for name, text in files.items() if name != "manifest-shard-00000.json"},
-     "shard manifest-shard-00000.json cannot be read: .*No such file"),
-    (lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body.update(step=6)),
-     "shard manifest-shard-00001.json is not the shard of ranks 1-1 of step 7"),
-    (lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body["blocks"]["rng"][0].update(rank=0)),
-     "shard manifest-shard-00001.json has a block of 'rng' of a rank it does not hold"),
-    (lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body["blocks"].update(other=[])),
-     "shard manifest-shard-00001.json has blocks of 'other', which is not a leaf of the step"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda files: {
+                **files,
+                "manifest-shard-00001.json": files["manifest-shard-00001.json"].replace(
+                    '"rank":1', '"rank":0'
+                ),
+            },
+            "shard manifest-shard-00001.json does not match the checksum",
+        ),
+        (
+            lambda files: {name: text for name, text in files.items() if name != "manifest-shard-00000.json"},
+            "shard manifest-shard-00000.json cannot be read: .*No such file",
+        ),
+        (
+            lambda files: change_shard(files, "manifest-shard-00001.json", lambda body: body.update(step=6)),
+            "shard manifest-shard-00001.json is not the shard of ranks 1-1 of step 7",
+        ),
+        (
+            lambda files: change_shard(
+                files, "manifest-shard-00001.json", lambda body: body["blocks"]["rng"][0].update(rank=0)
+            ),
+            "shard manifest-shard-00001.json has a block of 'rng' of a rank it does not hold",
+        ),
+        (
+            lambda files: change_shard(
+                files, "manifest-shard-00001.json", lambda body: body["blocks"].update(other=[])
+            ),
+            "shard manifest-shard-00001.json has blocks of 'other', which is not a leaf of the step",
+        ),
+    ],
+)
 def test_a_damaged_or_missing_shard_is_corrupt_and_named(damage, message):
     with pytest.raises(CorruptCheckpointError, match=f"^m.json: not a valid hpckpt manifest: {message}"):
         read_sharded(damage(sharded_files(make_manifest())))
@@ -338,8 +377,14 @@ def test_shards_must_hold_every_rank_and_blocks_only_there():
     del top[CHECKSUM_KEY]
     for change, message in [
         (lambda body: body["shards"].pop(), "its shards do not hold the blocks of all 2 ranks"),
-        (lambda body: body["shards"].reverse(), "shard manifest-shard-00001.json holds ranks 1-1, not the next ones"),
-        (lambda body: body["leaves"][0]["blocks"].append({}), "leaf 'field' lists blocks, but a sharded manifest"),
+        (
+            lambda body: body["shards"].reverse(),
+            "shard manifest-shard-00001.json holds ranks 1-1, not the next ones",
+        ),
+        (
+            lambda body: body["leaves"][0]["blocks"].append({}),
+            "leaf 'field' lists blocks, but a sharded manifest",
+        ),
         (lambda body: body.update(version=4), "shards in a manifest of version 4, not 5"),
     ]:
         body = json.loads(json.dumps(top))

@@ -23,7 +23,9 @@ def test_state_round_trips_through_its_tree():
     assert {channel: {seq: p.tobytes() for seq, p in log.items()} for channel, log in again.log.items()} == {
         channel: {seq: p.tobytes() for seq, p in log.items()} for channel, log in state.log.items()
     }
-    assert {i: r.tobytes() for i, r in again.results.items()} == {i: r.tobytes() for i, r in state.results.items()}
+    assert {i: r.tobytes() for i, r in again.results.items()} == {
+        i: r.tobytes() for i, r in state.results.items()
+    }
     empty = MessageState.from_tree(MessageState().to_tree())
     assert (empty.sent, empty.log, empty.results, empty.history) == ({}, {}, {}, [])
 

@@ -23,11 +23,19 @@ from hpckpt.options import NodeLocal, Options, Retention, Storage
         ({"local_dir": "x", "flush_every": -1}, "flush_every must be an integer >= 0"),
         ({"striping": {"count": 2}}, "striping must be a dict with keys 'count' and 'size'"),
         ({"schedule": 10}, "schedule must be an hpckpt.Schedule, got 10"),
-        ({"protocol": "uncoordinated", "incremental": 3}, "incremental saves work with the coordinated protocol only"),
-        ({"protocol": "uncoordinated", "local_dir": "x"}, "local_dir and redundancy (node-local levels) work with the "
-                                                          "coordinated protocol only"),
+        (
+            {"protocol": "uncoordinated", "incremental": 3},
+            "incremental saves work with the coordinated protocol only",
+        ),
+        (
+            {"protocol": "uncoordinated", "local_dir": "x"},
+            "local_dir and redundancy (node-local levels) work with the coordinated protocol only",
+        ),
         ({"durable_determinants": True}, "durable_determinants applies to the uncoordinated protocol only"),
-        ({"recovery": "respawn", "backend": "posix"}, "unknown recovery 'respawn'; available: ulfm (or None)"),
+        (
+            {"recovery": "respawn", "backend": "posix"},
+            "unknown recovery 'respawn'; available: ulfm (or None)",
+        ),
         ({"recovery": "ulfm", "backend": "hdf5"}, "recovery='ulfm' works with backend='posix' only"),
     ],
 )
@@ -56,8 +64,11 @@ def test_options_and_keywords_are_the_same_and_not_both(tmp_path):
 def test_a_checkpointer_that_fails_to_start_frees_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     node_local = Options(node_local=NodeLocal(directory=tmp_path / "local", redundancy="partner"))
-    with pytest.raises(ValueError, match="redundancy='partner' needs ranks on at least 2 nodes; all 1 are on one"):
-        hpckpt.Checkpointer(run_dir, comm=MPI.COMM_SELF, options=node_local)  # the lock was taken, then released
+    with pytest.raises(
+        ValueError, match="redundancy='partner' needs ranks on at least 2 nodes; all 1 are on one"
+    ):
+        # the lock was taken, then released
+        hpckpt.Checkpointer(run_dir, comm=MPI.COMM_SELF, options=node_local)
     with hpckpt.Checkpointer(run_dir, comm=MPI.COMM_SELF) as checkpointer:
         checkpointer.save(1, {"it": 1})
         assert checkpointer.steps() == [1]

@@ -1,6 +1,7 @@
-"""Positioned reads, and the hdf5 backend's restore path: contiguous datasets are read with positioned reads at
-their file offsets (one run, or one per row of a column box), reporting the bytes in
-place as they land; chunked datasets (hpckpt before 2026-12) are read through HDF5.
+"""Positioned reads, and the hdf5 backend's restore path: contiguous datasets are read with positioned
+reads at their file offsets (one run, or one per row of a column box), reporting the bytes in
+place as they land; chunked datasets (partial arrays of steps of versions 1 and 2) are read
+through HDF5; the layouts of older writers are told apart by ``stored_layout`` alone.
 Real files and real h5py, one process (COMM_SELF)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from hpckpt.model.manifest import Block, LeafRecord
 from hpckpt.storage import open_backend
 from hpckpt.storage.base import BlockData
+from hpckpt.storage.hdf5_layout import HDF5Layout, dataset_name, stored_layout
 
 SHAPE = (40, 6)
 
@@ -84,7 +86,8 @@ def test_a_positioned_read_past_the_end_of_a_file_says_where(tmp_path: Path) -> 
 
 
 def _local_record(shapes: list[tuple[int, ...]]) -> LeafRecord:
-    return LeafRecord("rng", "local", "<i8", None, tuple(Block(rank, (), shape, "0") for rank, shape in enumerate(shapes)))
+    blocks = tuple(Block(rank, (), shape, "0") for rank, shape in enumerate(shapes))
+    return LeafRecord("rng", "local", "<i8", None, blocks)
 
 
 def test_a_local_leaf_is_one_dataset_of_every_ranks_elements_in_rank_order(tmp_path: Path) -> None:
@@ -92,12 +95,16 @@ def test_a_local_leaf_is_one_dataset_of_every_ranks_elements_in_rank_order(tmp_p
     from mpi4py import MPI
 
     shapes = [(2, 3), (0,), (), (4,)]  # an empty block and a 0-d one among them
-    arrays = [np.arange(int(np.prod(shape)), dtype="<i8").reshape(shape) + 100 * rank for rank, shape in enumerate(shapes)]
+    arrays = [
+        np.arange(int(np.prod(shape)), dtype="<i8").reshape(shape) + 100 * rank
+        for rank, shape in enumerate(shapes)
+    ]
     backend = open_backend("hdf5")
     placed = backend.layout([_local_record(shapes)])[0]
-    assert placed.location["elements"] == 11 and [block.location["start"] for block in placed.blocks] == [0, 6, 6, 7]
-    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, block, array)
-                                                     for block, array in zip(placed.blocks, arrays)])  # fmt: skip
+    assert placed.location["elements"] == 11
+    assert [block.location["start"] for block in placed.blocks] == [0, 6, 6, 7]
+    data = [BlockData(placed, block, array) for block, array in zip(placed.blocks, arrays)]
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], data)
     with h5py.File(tmp_path / "data.h5", "r") as h5:  # plain h5py: the blocks one after the other
         assert h5["rng"].shape == (11,) and h5["rng"].attrs["hpckpt_kind"] == "local"
         assert h5["rng"][...].tolist() == [0, 1, 2, 3, 4, 5, 200, 300, 301, 302, 303]
@@ -107,7 +114,7 @@ def test_a_local_leaf_is_one_dataset_of_every_ranks_elements_in_rank_order(tmp_p
         assert np.array_equal(out, array), block.rank
 
 
-def test_a_local_leaf_stored_as_a_dataset_per_rank_before_2026_12_03_still_reads(tmp_path: Path) -> None:
+def test_a_local_leaf_stored_as_a_dataset_per_rank_by_older_writers_still_reads(tmp_path: Path) -> None:
     import h5py
 
     shapes = [(3,), (2, 2)]
@@ -115,7 +122,8 @@ def test_a_local_leaf_stored_as_a_dataset_per_rank_before_2026_12_03_still_reads
     with h5py.File(tmp_path / "data.h5", "w") as h5:  # the old layout: a group with rank-NNNNN datasets
         for rank, array in enumerate(arrays):
             h5.create_dataset(f"rng/rank-{rank:05d}", data=array)
-    old = LeafRecord("rng", "local", "<i8", None, _local_record(shapes).blocks, {"file": "data.h5", "dataset": "/rng"})
+    location = {"file": "data.h5", "dataset": "/rng"}
+    old = LeafRecord("rng", "local", "<i8", None, _local_record(shapes).blocks, location)
     for block, array in zip(old.blocks, arrays):
         out = np.empty(block.shape, dtype="<i8")
         open_backend("hdf5").read(tmp_path, [BlockData(old, block, out)])
@@ -127,24 +135,34 @@ def test_a_local_block_outside_its_leafs_dataset_is_refused_naming_it(tmp_path: 
 
     backend = open_backend("hdf5")
     placed = backend.layout([_local_record([(3,), (2,)])])[0]
-    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, block, np.zeros(block.shape, dtype="<i8"))
-                                                     for block in placed.blocks])  # fmt: skip
-    past = Block(1, (), (4,), "0", {"start": 3})  # a damaged manifest: rank 1's block would end at element 7 of 5
-    with pytest.raises(KeyError, match=r"data\.h5:/rng has shape \(5,\), expected a 1-D dataset holding elements 3 "
-                                       r"to 7 \(rank 1's block\)"):  # fmt: skip
+    zeros = [BlockData(placed, block, np.zeros(block.shape, dtype="<i8")) for block in placed.blocks]
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], zeros)
+    # a damaged manifest: rank 1's block would end at element 7 of 5
+    past = Block(1, (), (4,), "0", {"start": 3})
+    refused = (
+        r"data\.h5:/rng has shape \(5,\), expected a 1-D dataset holding elements 3 "
+        r"to 7 \(rank 1's block\)"
+    )
+    with pytest.raises(KeyError, match=refused):
         backend.read(tmp_path, [BlockData(placed, past, np.empty(4, dtype="<i8"))])
 
 
-def test_a_partial_array_is_one_dataset_of_its_blocks_and_older_per_block_datasets_still_read(tmp_path: Path) -> None:
+def test_a_partial_array_is_one_dataset_of_its_blocks_and_older_per_block_datasets_still_read(
+    tmp_path: Path,
+) -> None:
     import h5py
     from mpi4py import MPI
 
-    blocks = (Block(1, (4, 0), (3, 6), "0"), Block(3, (30, 2), (2, 4), "0"))  # an incremental step's changed blocks
+    # an incremental step's changed blocks
+    blocks = (Block(1, (4, 0), (3, 6), "0"), Block(3, (30, 2), (2, 4), "0"))
     arrays = [np.full(block.shape, float(block.rank)) for block in blocks]
     backend = open_backend("hdf5")
     placed = backend.layout([LeafRecord("u", "distributed", "<f8", SHAPE, blocks)])[0]
-    assert placed.location["elements"] == 26 and [block.location["start"] for block in placed.blocks] == [0, 18]
-    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, b, a) for b, a in zip(placed.blocks, arrays)])
+    assert placed.location["elements"] == 26
+    assert [block.location["start"] for block in placed.blocks] == [0, 18]
+    backend.write(
+        MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, b, a) for b, a in zip(placed.blocks, arrays)]
+    )
     with h5py.File(tmp_path / "data.h5", "r") as h5:
         assert h5["u"].shape == (26,) and h5["u"][...].tolist() == [1.0] * 18 + [3.0] * 8
     for block, array in zip(placed.blocks, arrays):
@@ -153,12 +171,32 @@ def test_a_partial_array_is_one_dataset_of_its_blocks_and_older_per_block_datase
         assert np.array_equal(out, array), block.rank
     old_dir = tmp_path / "old"
     old_dir.mkdir()
-    with h5py.File(old_dir / "data.h5", "w") as h5:  # before 2026-12-03: a dataset per block, marked per rank
+    with h5py.File(old_dir / "data.h5", "w") as h5:  # older writers: a dataset per block, marked per rank
         for block, array in zip(blocks, arrays):
             h5.create_dataset(f"u/rank-{block.rank:05d}", data=array)
-    old = LeafRecord("u", "distributed", "<f8", SHAPE, tuple(replace(block, location={"per_rank": True}) for block in blocks),
-                     {"file": "data.h5", "dataset": "/u"})  # fmt: skip
+    per_rank = tuple(replace(block, location={"per_rank": True}) for block in blocks)
+    old = LeafRecord("u", "distributed", "<f8", SHAPE, per_rank, {"file": "data.h5", "dataset": "/u"})
     for block, array in zip(old.blocks, arrays):
         out = np.empty(block.shape)
         backend.read(old_dir, [BlockData(old, block, out)])
         assert np.array_equal(out, array), block.rank
+
+
+def test_the_stored_layout_of_each_writers_blocks_is_told_by_their_location() -> None:
+    backend = open_backend("hdf5")
+    local = backend.layout([_local_record([(3,), (2,)])])[0]
+    whole, partial = (
+        backend.layout([LeafRecord("u", "distributed", "<f8", SHAPE, (block,))])[0]
+        for block in (Block(0, (0, 0), SHAPE, "0"), Block(1, (4, 0), (3, 6), "0"))
+    )
+    assert {stored_layout(record, block) for record in (local, partial) for block in record.blocks} == {
+        HDF5Layout.CONCATENATED
+    }
+    assert stored_layout(whole, whole.blocks[0]) is HDF5Layout.WHOLE_ARRAY
+    assert dataset_name(local, local.blocks[1]) == "/rng"
+    older_local = replace(local, blocks=_local_record([(3,), (2,)]).blocks)  # no "start"
+    older_partial = replace(partial, blocks=(replace(partial.blocks[0], location={"per_rank": True}),))
+    for record in (older_local, older_partial):
+        assert stored_layout(record, record.blocks[-1]) is HDF5Layout.DATASET_PER_RANK
+    assert dataset_name(older_local, older_local.blocks[1]) == "/rng/rank-00001"
+    assert dataset_name(older_partial, older_partial.blocks[0]) == "/u/rank-00001"

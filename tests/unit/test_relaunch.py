@@ -47,10 +47,13 @@ def test_usage_errors(args):
 
 def test_a_stop_with_a_checkpoint_is_not_relaunched_and_keeps_status_75(tmp_path):
     log = tmp_path / "attempts"
-    result = hpckpt_run("--delay", "0", "--requeue", "--", "sh", "-c", f'echo "$HPCKPT_ATTEMPT" >> {log}; exit 75')
+    result = hpckpt_run(
+        "--delay", "0", "--requeue", "--", "sh", "-c", f'echo "$HPCKPT_ATTEMPT" >> {log}; exit 75'
+    )
     assert result.returncode == 75
     assert log.read_text().split() == ["0"]
-    assert "attempt 1/4 stopped with a checkpoint after" in result.stderr and "not relaunching" in result.stderr
+    assert "attempt 1/4 stopped with a checkpoint after" in result.stderr
+    assert "not relaunching" in result.stderr
     assert "--requeue: not inside a Slurm job (no SLURM_JOB_ID)" in result.stderr
 
 
@@ -83,7 +86,10 @@ def test_a_job_that_called_finish_is_not_relaunched_after_a_failing_exit(tmp_pat
     result = hpckpt_run("--delay", "0", "--", sys.executable, "-c", job)
     assert result.returncode == 3, result.stderr
     assert log.read_text().split() == ["0"]  # one attempt: the finished job ran once
-    assert "attempt 1/4 finished its work (Checkpointer.finish) but then exited with exit status 3" in result.stderr
+    assert (
+        "attempt 1/4 finished its work (Checkpointer.finish) but then exited with exit status 3"
+        in result.stderr
+    )
     assert "relaunching" not in result.stderr.replace("not relaunching", "")
     assert not list(Path.cwd().glob(".hpckpt-finished-*"))  # the attempt's marker is cleaned up
 
@@ -111,7 +117,9 @@ def test_a_zero_status_after_the_ranks_were_told_to_stop_is_taken_as_a_stop(tmp_
     result = hpckpt_run("--delay", "0", "--", sys.executable, "-c", job)
     assert result.returncode == 75, result.stderr
     assert log.read_text().split() == ["0"]
-    assert ("attempt 1/4 exited with status 0, but its ranks were told to stop (SIGUSR1 received) and to exit 75: "
-            "the launcher lost their exit status; taking it as stopped with a checkpoint") in result.stderr
+    assert (
+        "attempt 1/4 exited with status 0, but its ranks were told to stop (SIGUSR1 received) "
+        "and to exit 75: the launcher lost their exit status; taking it as stopped with a checkpoint"
+    ) in result.stderr
     assert "attempt 1/4 stopped with a checkpoint after" in result.stderr
     assert not list(Path.cwd().glob(".hpckpt-stop-*"))  # the attempt's marker is cleaned up

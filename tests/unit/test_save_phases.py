@@ -87,7 +87,9 @@ def test_the_three_strategies_lay_out_the_same_blocks(tmp_path, backend_name):
     kept = AgreedLayout.of(1, plan_digests(staged.plan)[1], 0, 1, on_root.records, on_root.outline.nbytes)
     reused = ReuseAgreedLayout(context, kept, sharded=False).lay_out(staged)
     for layout in (in_groups, reused):
-        assert [(d.record.path, d.block) for d in layout.blocks] == [(d.record.path, d.block) for d in on_root.blocks]
+        assert [(d.record.path, d.block) for d in layout.blocks] == [
+            (d.record.path, d.block) for d in on_root.blocks
+        ]
         assert layout.outline is not None and layout.outline.nbytes == on_root.outline.nbytes
     PACK_BUFFERS.give_back(staged.lent)
 

@@ -14,7 +14,14 @@ MPI = pytest.importorskip("mpi4py.MPI")
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("0:57", 57), ("12:00", 720), ("1:02:03", 3723), ("2-00:00:01", 172801), ("UNLIMITED", None), ("NOT_SET", None)],
+    [
+        ("0:57", 57),
+        ("12:00", 720),
+        ("1:02:03", 3723),
+        ("2-00:00:01", 172801),
+        ("UNLIMITED", None),
+        ("NOT_SET", None),
+    ],
 )
 def test_time_left_formats_of_squeue(text, seconds):
     assert parse_time_left(text + "\n") == seconds

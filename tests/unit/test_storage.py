@@ -11,7 +11,10 @@ from tests.processes import run_group
 
 
 def record(path: str, kind: str, shapes: list[tuple[int, ...]], dtype: str = "<f8") -> LeafRecord:
-    blocks = tuple(Block(rank, (0,) * len(shape) if kind != "local" else (), shape, "0") for rank, shape in enumerate(shapes))
+    blocks = tuple(
+        Block(rank, (0,) * len(shape) if kind != "local" else (), shape, "0")
+        for rank, shape in enumerate(shapes)
+    )
     global_shape = None if kind == "local" else shapes[0]
     return LeafRecord(path, kind, dtype, global_shape, blocks)
 
@@ -31,7 +34,9 @@ def test_bad_backend_options_are_named():
         open_backend("posix", {"ranks_per_file": 0})
 
 
-@pytest.mark.parametrize(("name", "module", "advice"), [("adios2", "adios2", "make install"), ("hdf5", "h5py", "make install")])
+@pytest.mark.parametrize(
+    ("name", "module", "advice"), [("adios2", "adios2", "make install"), ("hdf5", "h5py", "make install")]
+)
 def test_a_missing_library_says_how_to_install_it(name, module, advice):
     code = (
         f"import sys; sys.modules[{module!r}] = None\n"  # the import of the library fails as if absent
@@ -50,7 +55,9 @@ def test_posix_layout_aligns_blocks_and_gives_each_rank_its_own_stripe():
         record("c", "replicated", [(4,)]),
     )
     one_per_rank = open_backend("posix").layout(records)
-    where = {(r.path, b.rank): (b.location["file"], b.location["offset"]) for r in one_per_rank for b in r.blocks}
+    where = {
+        (r.path, b.rank): (b.location["file"], b.location["offset"]) for r in one_per_rank for b in r.blocks
+    }
     assert where[("a", 0)] == ("data-00000.bin", 0)
     assert where[("b", 0)] == ("data-00000.bin", 64)  # 24 bytes of 'a', then the next 64-byte boundary
     assert where[("c", 0)] == ("data-00000.bin", 128)  # replicated blocks are rank 0's
@@ -81,7 +88,8 @@ def test_posix_write_places_thousands_of_blocks_at_their_exact_bytes(tmp_path):
     assert len(stored) == end
     for placed_record in placed:
         offset = placed_record.blocks[0].location["offset"]
-        assert stored[offset : offset + arrays[placed_record.path].nbytes] == arrays[placed_record.path].tobytes()
+        array = arrays[placed_record.path]
+        assert stored[offset : offset + array.nbytes] == array.tobytes()
 
 
 def test_each_backend_declares_its_capabilities_and_whether_it_lays_out_in_groups():

@@ -10,7 +10,9 @@ import pytest
 
 import hpckpt
 
-torch = pytest.importorskip("torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)"
+)
 hpckpt_torch = pytest.importorskip("hpckpt.torch")
 
 
@@ -74,7 +76,8 @@ def test_a_checkpoint_from_before_the_first_step_leaves_the_optimizer_fresh(tmp_
     model2, optimizer2, scheduler2 = fresh(1)
     with checkpointer(tmp_path / "run") as ckpt:
         assert ckpt.restore(hpckpt_torch.TrainingState(model2, optimizer2, scheduler2)) == 0
-        assert set(ckpt.last_restore.missing) and all(p.startswith("optimizers/0/state/") for p in ckpt.last_restore.missing)
+        missing = ckpt.last_restore.missing
+        assert set(missing) and all(p.startswith("optimizers/0/state/") for p in missing)
     assert not optimizer2.state  # as fresh, and no parameter moved
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
     assert all(p.grad is None for p in model2.parameters())
@@ -101,7 +104,7 @@ def test_a_model_that_changed_is_refused_naming_the_leaves(tmp_path):
     lambda params: torch.optim.RMSprop(params, lr=1e-3, momentum=0.5, centered=True),
     lambda params: torch.optim.Adagrad(params, lr=1e-2),  # creates its state at construction
     lambda params: torch.optim.Adamax(params, lr=1e-2),
-], ids=["sgd", "adam", "rmsprop", "adagrad", "adamax"])  # fmt: skip
+], ids=["sgd", "adam", "rmsprop", "adagrad", "adamax"])
 def test_any_optimizer_comes_back_and_trains_on_alike(tmp_path, make_optimizer):
     model, _, _ = fresh(0)
     optimizer = make_optimizer(model.parameters())
@@ -112,8 +115,11 @@ def test_any_optimizer_comes_back_and_trains_on_alike(tmp_path, make_optimizer):
     optimizer2 = make_optimizer(model2.parameters())
     with checkpointer(tmp_path / "run") as ckpt:
         assert ckpt.restore(hpckpt_torch.TrainingState(model2, optimizer2, rng=False)) == 3
-    groups = [{key: value for key, value in group.items() if key != "initial_lr"}  # the scheduler's, set at its start
-              for group in optimizer.state_dict()["param_groups"]]  # fmt: skip
+    groups = [
+        # "initial_lr" is the scheduler's, set at its start
+        {key: value for key, value in group.items() if key != "initial_lr"}
+        for group in optimizer.state_dict()["param_groups"]
+    ]
     assert optimizer2.state_dict()["param_groups"] == groups
     train(model, optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer), 2, seed=9)
     train(model2, optimizer2, torch.optim.lr_scheduler.ConstantLR(optimizer2), 2, seed=9)

@@ -60,19 +60,26 @@ def test_control_characters_in_keys_are_refused(key):
 
 
 def test_non_ascii_keys_are_kept():
-    assert [slot.path for slot in flatten({"température": 1.5, "数据": {"ü": 2}})] == ["température", "数据/ü"]
+    paths = [slot.path for slot in flatten({"température": 1.5, "数据": {"ü": 2}})]
+    assert paths == ["température", "数据/ü"]
 
 
 def test_nest_rebuilds_dicts_and_lists_as_flattened():
-    state = {"cfg": {"layers": [1, {"act": "gelu", "n": [2, 3]}], "bias": True}, "steps": [[4], [5, None]], "it": 7}
+    state = {
+        "cfg": {"layers": [1, {"act": "gelu", "n": [2, 3]}], "bias": True},
+        "steps": [[4], [5, None]],
+        "it": 7,
+    }
     flat = {slot.path: slot.value for slot in flatten(state)}
     assert flat["cfg/layers/1/n/0"] == 2
     assert list_paths(state) == ("cfg/layers", "cfg/layers/1/n", "steps", "steps/0", "steps/1")
     assert nest(flat, list_paths(state)) == state
-    assert nest(flat, ()) ["steps"] == {"0": {"0": 4}, "1": {"0": 5, "1": None}}  # unknown lists come back as dicts
+    # unknown lists come back as dicts
+    assert nest(flat, ())["steps"] == {"0": {"0": 4}, "1": {"0": 5, "1": None}}
     assert list_paths([{"a": 1}]) == ("",) and nest({"0/a": 1}, ("",)) == [{"a": 1}]
-    assert list(nest({"b/x": 1, "a": 2, "b/c": 3}, ())) == ["a", "b"] and list(nest({"b/x": 1, "b/c": 3}, ())["b"]) == [
-        "c", "x"]  # keys in flatten's order, whatever the order given
+    # keys in flatten's order, whatever the order given
+    assert list(nest({"b/x": 1, "a": 2, "b/c": 3}, ())) == ["a", "b"]
+    assert list(nest({"b/x": 1, "b/c": 3}, ())["b"]) == ["c", "x"]
 
 
 def test_a_checkpoint_reader_gives_back_the_tree_as_saved(tmp_path):
@@ -80,7 +87,10 @@ def test_a_checkpoint_reader_gives_back_the_tree_as_saved(tmp_path):
 
     import hpckpt
 
-    state = {"x": Local(np.arange(4.0)), "cfg": {"model_args": {"bias": True, "n": 3}, "layers": [1, {"w": Local(np.zeros(2))}]}}
+    state = {
+        "x": Local(np.arange(4.0)),
+        "cfg": {"model_args": {"bias": True, "n": 3}, "layers": [1, {"w": Local(np.zeros(2))}]},
+    }
     with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
         checkpointer.save(1, state)
     tree = hpckpt.CheckpointReader(tmp_path / "run").tree()

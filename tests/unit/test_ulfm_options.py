@@ -15,13 +15,18 @@ def test_an_unknown_recovery_mode_is_named(tmp_path):
 
 @pytest.mark.parametrize("backend", ["hdf5", "adios2"])
 def test_ulfm_refuses_collective_io_backends(tmp_path, backend):
-    with pytest.raises(ValueError, match=f"recovery='ulfm' works with backend='posix' only \\(got backend='{backend}'\\)"):
+    with pytest.raises(
+        ValueError, match=f"recovery='ulfm' works with backend='posix' only \\(got backend='{backend}'\\)"
+    ):
         hpckpt.Checkpointer(tmp_path, comm=MPI.COMM_SELF, recovery="ulfm", backend=backend)
 
 
 def test_mpich_is_refused_because_its_survivors_are_never_told(tmp_path):
     assert MPI.Get_library_version().startswith("MPICH")  # the main environment
-    with pytest.raises(hpckpt.UlfmUnavailableError, match=r"recovery='ulfm' needs Open MPI 5 with ULFM .* this job runs MPICH"):
+    with pytest.raises(
+        hpckpt.UlfmUnavailableError,
+        match=r"recovery='ulfm' needs Open MPI 5 with ULFM .* this job runs MPICH",
+    ):
         hpckpt.Checkpointer(tmp_path, comm=MPI.COMM_SELF, backend="posix", recovery="ulfm")
     assert not (tmp_path / ".hpckpt.lock").exists()  # refused before touching the run directory
 

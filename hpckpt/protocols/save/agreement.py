@@ -50,7 +50,8 @@ def agree_on_layout(
     unchanged = last is not None and last.digest == layout and last.size == comm.size
     ours = np.array([step, -step, agreement, -agreement, kept, -kept, 0 if unchanged else -1], dtype=np.int64)
     lowest = np.empty_like(ours)
-    await_everyone(comm, f"save step {step}: agree on the layout")  # a rank stopped since the plan phase is named
+    # a rank stopped since the plan phase is named
+    await_everyone(comm, f"save step {step}: agree on the layout")
     comm.Allreduce(ours, lowest, op=MPI.MIN)
     if lowest[0] != -lowest[1]:
         per_rank = ", ".join(f"rank {r}: {s}" for r, s in enumerate(comm.allgather(step)))

@@ -65,7 +65,8 @@ def sync_step(
         PACK_BUFFERS.give_back(staged.lent)  # a failed save leaves its pack buffer to the garbage collector
         return SyncedStep([sizes for sizes, _ in synced], [], [sums for _, sums in synced])
     chunks = staged.chunk_checksums()
-    reports = phases.run("sync", lambda: own_report(sync(), layout.blocks, comm.rank, chunks), gather_in_groups)
+    reports = phases.run("sync", lambda: own_report(sync(), layout.blocks, comm.rank, chunks),
+                         gather_in_groups)
     PACK_BUFFERS.give_back(staged.lent)
 
     def shard() -> tuple[dict[str, int], Shard] | None:
@@ -87,12 +88,17 @@ def own_report(
     ``synced``'s, or a replicated leaf's ``chunks``).
     """
     sizes, checksums = synced
-    own = [replace(data.record, blocks=(data.block,)) for data in own_blocks if data.block.rank == rank]  # no placeholder
+    # no placeholder
+    own = [replace(data.record, blocks=(data.block,)) for data in own_blocks if data.block.rank == rank]
     return sizes, {record.path: record.blocks[0] for record in fill_checksums(own, {rank: checksums}, chunks)}
 
 
 def write_shard(
-    directory: Path, step: int, group: range, reports: Sequence[RankReport], reused: Mapping[tuple[str, int], Block]
+    directory: Path,
+    step: int,
+    group: range,
+    reports: Sequence[RankReport],
+    reused: Mapping[tuple[str, int], Block],
 ) -> tuple[dict[str, int], Shard]:
     """Write, durably, the shard of ``group``'s blocks into ``directory``. Not collective: a group's leader.
 
@@ -115,7 +121,9 @@ def write_shard(
     return merge_sizes(sizes for sizes, _ in reports), shard
 
 
-def commit_step(context: SaveContext, layout: Layout, staged: StagedRank, files: list[str], synced: SyncedStep) -> None:
+def commit_step(
+    context: SaveContext, layout: Layout, staged: StagedRank, files: list[str], synced: SyncedStep
+) -> None:
     """Rank 0 writes the manifest last and renames the step into place: the ``commit`` phase.
 
     Collective over the save's communicator (the other ranks only agree).

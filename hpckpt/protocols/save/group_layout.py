@@ -130,10 +130,13 @@ class MergeInGroups:
             return None
         base_of, comm = self.base_of, self.context.comm
         chosen = self.context.phases.run("choose the base", lambda: base_of() if comm.rank == 0 else None)
-        bare = None if chosen is None else replace(chosen, shards=tuple(s._replace(bounds={}) for s in chosen.shards))
+        bare = (None if chosen is None
+                else replace(chosen, shards=tuple(s._replace(bounds={}) for s in chosen.shards)))
         return share_with_leaders(comm, bare)
 
-    def _merge(self, plans: list[RankPlan] | None, group: range, base: Manifest | None) -> LeaderReport | None:
+    def _merge(
+        self, plans: list[RankPlan] | None, group: range, base: Manifest | None
+    ) -> LeaderReport | None:
         """A leader's merge of its group's ``plans`` (and comparison with ``base``)."""
         point("save.merge")
         if plans is None:  # not a leader
@@ -168,7 +171,8 @@ class MergeInGroups:
         placed = tuple(replace(record, blocks=own.get(record.path, ())) for record in laid_out)
         writes, values = checked.writes, plan.values
         if writes is None or base is None:
-            return placed, GroupOutline(checked.verdict.nbytes, values, tuple(replace(r, blocks=()) for r in placed))
+            return placed, GroupOutline(checked.verdict.nbytes, values,
+                                        tuple(replace(r, blocks=()) for r in placed))
         locations = {record.path: record.location for record in base.leaves}  # of the leaves no group writes
         leaves = compose(checked.verdict.headers, placed, Delta(base.step, 0, {}, locations))
         if not writes.in_steps:  # nothing reused: a full step
@@ -177,14 +181,19 @@ class MergeInGroups:
         return placed, GroupOutline(writes.nbytes, values, leaves, base.step, base.delta_chain + 1, in_steps)
 
 
-def _check(backend: GroupLayout[Any, Any], reports: list[LeaderReport] | None, compares: bool) -> GroupsChecked | None:
+def _check(
+    backend: GroupLayout[Any, Any], reports: list[LeaderReport] | None, compares: bool
+) -> GroupsChecked | None:
     """Rank 0's check of the leaders' ``reports`` (None elsewhere, and where the boxes
     do not tile). ``compares``: an incremental save, whose groups say what they write.
     """
     verdict = None if reports is None else check_groups([report.summary for report in reports])
     if verdict is None or reports is None:
         return None
-    writes = all_group_writes([report.writes for report in reports if report.writes is not None]) if compares else None
-    headers = verdict.headers if writes is None else tuple(h for h in verdict.headers if h.path in writes.paths)
+    writes = (all_group_writes([report.writes for report in reports if report.writes is not None])
+              if compares else None)
+    headers = (verdict.headers if writes is None
+               else tuple(h for h in verdict.headers if h.path in writes.paths))
     starts = backend.group_starts([report.extent for report in reports], headers)
-    return GroupsChecked(verdict, writes, headers, {report.summary.first: start for report, start in zip(reports, starts)})
+    return GroupsChecked(verdict, writes, headers,
+                         {report.summary.first: start for report, start in zip(reports, starts)})

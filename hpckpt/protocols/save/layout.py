@@ -139,7 +139,9 @@ class LayoutStrategy(Protocol):
         """The layout, or None on every rank where this strategy cannot make it."""
 
 
-def blocks_of_rank(records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int) -> list[BlockData]:
+def blocks_of_rank(
+    records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int
+) -> list[BlockData]:
     """The blocks ``rank`` writes: its own distributed, local and replicated ones. Not collective.
 
     A distributed leaf whose block of ``rank`` is reused from an incremental save's
@@ -164,10 +166,11 @@ class ReuseAgreedLayout:
     sharded: bool
 
     def lay_out(self, staged: StagedRank) -> Layout:
-        """This rank's part of the agreed layout, with this save's bytes. Not collective."""
+        """The part of the agreed layout of this rank, with this save's bytes. Not collective."""
         agreed, rank = self.agreed, self.context.comm.rank
         blocks = [BlockData(record, block, staged.arrays[record.path]) for record, block in agreed.own]
-        outline = WholeOutline(agreed.nbytes, staged.plan.values, agreed.records, agreed.records) if rank == 0 else None
+        outline = (WholeOutline(agreed.nbytes, staged.plan.values, agreed.records, agreed.records)
+                   if rank == 0 else None)
         return Layout(agreed.records, blocks, LayoutPath.REUSED, self.sharded, outline=outline)
 
 

@@ -65,7 +65,8 @@ class StagedRank:
 
     def chunk_checksums(self) -> dict[str, tuple[str, ...]]:
         """Every replicated leaf's row-chunk checksums, by path (alike on every rank)."""
-        return {leaf.path: leaf.chunk_checksums for leaf in self.plan.leaves if leaf.kind is LeafKind.REPLICATED}
+        return {leaf.path: leaf.chunk_checksums
+                for leaf in self.plan.leaves if leaf.kind is LeafKind.REPLICATED}
 
     def staged_bytes(self) -> int:
         """The bytes this rank staged."""

@@ -61,7 +61,8 @@ class StepSaver:
         the same :class:`~hpckpt.errors.CollectiveError` on every rank, before the
         commit; the previous committed step is untouched.
         """
-        many = comm.size >= manifest_shard_ranks()  # laid out in groups and sharded: rank 0 never sees every block
+        # laid out in groups and sharded: rank 0 never sees every block
+        many = comm.size >= manifest_shard_ranks()
         phases = PhaseRunner(comm, request.phase_prefix)
         context = SaveContext(request, self.run_dir, self.backend, phases, time.time())
         staged: StagedRank = phases.run("plan", lambda: self._stage(context, state))
@@ -75,13 +76,15 @@ class StepSaver:
         deleted = retain_steps(context, self.retention)
         gathered, in_groups = layout.path is not LayoutPath.REUSED, layout.path is LayoutPath.MERGED_IN_GROUPS
         written = layout.written_bytes()
-        return SaveReport(request.step, staged.staged_bytes(), phases.seconds, tuple(deleted), written, gathered, in_groups)
+        return SaveReport(request.step, staged.staged_bytes(), phases.seconds, tuple(deleted), written,
+                          gathered, in_groups)
 
     def _stage(self, context: SaveContext, state: Any) -> StagedRank:
         """The ``plan`` phase: this rank's plan and staged arrays."""
         point("save.plan")
         comm = context.comm
-        return stage(state, self.backend, comm.rank, comm.size, checksum_later=not context.request.compares_blocks)
+        return stage(state, self.backend, comm.rank, comm.size,
+                     checksum_later=not context.request.compares_blocks)
 
     def _lay_out(self, context: SaveContext, staged: StagedRank, many: bool) -> Layout:
         """Agree on reusing the last layout, else merge the plans in groups or on rank 0.
@@ -99,10 +102,12 @@ class StepSaver:
             layout = MergeInGroups(context, self.backend, self._base_choice(context)).lay_out(staged)
         if layout is None:
             whole_base = self._whole_base(context)
-            layout = MergeOnRoot(context, whole_base, sharded=many and not request.compares_blocks).lay_out(staged)
+            layout = MergeOnRoot(context, whole_base,
+                                 sharded=many and not request.compares_blocks).lay_out(staged)
         if memory is not None:  # kept for the next saves
             nbytes = layout.outline.nbytes if layout.outline is not None else 0
-            memory.last = AgreedLayout.of(request.step, digests[1], comm.rank, comm.size, layout.records, nbytes)
+            memory.last = AgreedLayout.of(request.step, digests[1], comm.rank, comm.size, layout.records,
+                                          nbytes)
         return layout
 
     def _base_choice(self, context: SaveContext) -> Callable[[], Manifest | None] | None:

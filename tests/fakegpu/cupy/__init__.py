@@ -124,8 +124,13 @@ class ndarray:  # noqa: N801 - CuPy's name
     def __cuda_array_interface__(self) -> dict[str, Any]:
         memory = self._memory
         strides = None if memory.flags.c_contiguous else memory.strides
-        return {"shape": memory.shape, "typestr": memory.dtype.str, "data": (memory.ctypes.data, False),
-                "strides": strides, "version": 3}  # fmt: skip
+        return {
+            "shape": memory.shape,
+            "typestr": memory.dtype.str,
+            "data": (memory.ctypes.data, False),
+            "strides": strides,
+            "version": 3,
+        }
 
     def reshape(self, *shape: Any) -> ndarray:
         return ndarray(self._memory.reshape(*shape))
@@ -139,7 +144,9 @@ class ndarray:  # noqa: N801 - CuPy's name
     def __setitem__(self, key: Any, value: Any) -> None:
         self._memory[key] = value._memory if isinstance(value, ndarray) else value
 
-    def get(self, stream: Stream | None = None, out: np.ndarray | None = None, blocking: bool = True) -> np.ndarray:
+    def get(
+        self, stream: Stream | None = None, out: np.ndarray | None = None, blocking: bool = True
+    ) -> np.ndarray:
         target = np.empty(self.shape, self.dtype) if out is None else out
         LOG.append(("copy", self.nbytes))
         self._run(stream, lambda: np.copyto(target, self._memory), blocking)
