@@ -56,6 +56,7 @@ def main() -> int:
     if comm.rank == 0:
         print(f"user_app: done iters={args.iters} resumed_from={resumed} checksum={digest}", flush=True)
     if args.abort_at_exit:
+        comm.Barrier()  # rank 0 has printed before any rank's exit makes the launcher kill the others
         os._exit(1)
     return 0
 
