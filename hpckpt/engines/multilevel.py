@@ -79,9 +79,10 @@ class MultiLevelEngine(CoordinatedEngine):
                 self._local.discard_after(local)
                 self.stats.restored_level = "node-local"
                 return from_local
-            except CollectiveError as exc:
-                warnings.warn(f"node-local step {local} could not be restored ({exc}); using the file system",
-                              CheckpointFallbackWarning, stacklevel=4)
+            except CollectiveError as exc:  # raised on every rank alike; rank 0 says so
+                if self.control.rank == 0:
+                    warnings.warn(f"node-local step {local} could not be restored ({exc}); "
+                                  "using the file system", CheckpointFallbackWarning, stacklevel=4)
         restored = restore_newest(self.control, self.run_dir, self.backend, state, choice)
         self.stats.restored_level = None if restored is None else "file system"
         self._local.discard_after(None if restored is None else restored.step)  # newer local steps are stale

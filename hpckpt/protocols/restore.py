@@ -74,13 +74,14 @@ class RestoreChoice:
 
 @dataclass(frozen=True)
 class Restored:
-    """A finished restore, alike on every rank: its step, and what a non-strict restore
-    left alone (leaf paths, plain values included).
+    """A finished restore, alike on every rank: its step, what a non-strict restore
+    left alone (leaf paths, plain values included), and the newer steps it passed over.
     """
 
     step: int
     missing: tuple[str, ...] = ()  # in the state but not in the step: left as they were
     unexpected: tuple[str, ...] = ()  # in the step but not in the state: not read
+    passed_over: tuple[str, ...] = ()  # why each newer step was refused (rank 0's warnings' texts)
 
 
 def list_committed_steps(comm: MPI.Comm, run_dir: RunDirectory) -> list[int]:
@@ -119,14 +120,14 @@ def restore_newest(
         return None
     slots = run_phase(comm, "restore: flatten", lambda: flatten(state))
     target = RestoreTarget(slots, comm.rank, comm.size, choice.local_from, choice.strict)
-    fallbacks = _Fallbacks(run_dir, steps)
+    fallbacks = _Fallbacks(run_dir, steps, comm.rank)
     for step in reversed(steps):
         try:
             manifest = StepAttempt(comm, run_dir, backend, target, step).restore()
         except StepRefusedError as refused:  # on every rank alike: agreed phases found why
             fallbacks.record(refused)
             continue
-        return _restored(step, manifest, slots, comm.rank)
+        return _restored(step, manifest, slots, comm.rank, tuple(fallbacks.warned))
     raise fallbacks.failure()
 
 
@@ -151,20 +152,23 @@ def _steps_to_try(comm: MPI.Comm, run_dir: RunDirectory, choice: RestoreChoice) 
 
 
 class _Fallbacks:
-    """The steps a restore passed over, and why: warned of as they are refused, and the
-    error raised when none is left. Alike on every rank.
+    """The steps a restore passed over, and why: warned of as they are refused (by rank 0:
+    every rank would print the same), and the error raised when none is left. Alike on
+    every rank.
     """
 
-    def __init__(self, run_dir: RunDirectory, steps: list[int]) -> None:
+    def __init__(self, run_dir: RunDirectory, steps: list[int], rank: int) -> None:
         self.run_dir = run_dir
         self.steps = steps
+        self.rank = rank
         self.problems: list[str] = []
+        self.warned: list[str] = []  # the warnings' texts, kept on every rank
         self.mismatch: StateMismatchError | None = None  # the newest step's that does not match the tree
 
     def record(self, refused: StepRefusedError) -> None:
         """Note why ``refused.step`` was passed over, and warn that an older step is tried
-        next (each rank; called by :func:`restore_newest` only, which the warning names
-        the caller of). A mismatch of the oldest step is not warned of: the
+        next (rank 0; called by :func:`restore_newest` only, which the warning names the
+        caller of). A mismatch of the oldest step is not warned of: the
         :class:`~hpckpt.errors.StateMismatchError` raised then says it all.
         """
         step = refused.step
@@ -177,8 +181,10 @@ class _Fallbacks:
         then = f"falling back to step {older[-1]}" if older else "no older committed step is left"
         findings = refused.findings
         shown = "; ".join(findings[:5]) + (f"; and {len(findings) - 5} more" if len(findings) > 5 else "")
-        warnings.warn(f"checkpoint step {step} {refused.what} ({shown}); {then}", CheckpointFallbackWarning,
-                      stacklevel=4)
+        message = f"checkpoint step {step} {refused.what} ({shown}); {then}"
+        self.warned.append(message)
+        if self.rank == 0:
+            warnings.warn(message, CheckpointFallbackWarning, stacklevel=4)
 
     def failure(self) -> HpckptError:
         """What a restore raises when every step was refused: the newest mismatch with
@@ -191,7 +197,9 @@ class _Fallbacks:
                                       f"(arrays in the state may hold partial data): {problems}")
 
 
-def _restored(step: int, manifest: Manifest, slots: list[Slot], rank: int) -> Restored:
+def _restored(
+    step: int, manifest: Manifest, slots: list[Slot], rank: int, passed_over: tuple[str, ...]
+) -> Restored:
     """``step``'s :class:`Restored`, with what it left alone; rank 0 warns when anything
     was (called by :func:`restore_newest` only, which the warning names the caller's caller of).
     """
@@ -204,4 +212,4 @@ def _restored(step: int, manifest: Manifest, slots: list[Slot], rank: int) -> Re
                       f"step, left as they were) and without the step's leaves {list(unexpected)} "
                       "(not in the state)",
                       PartialRestoreWarning, stacklevel=5)
-    return Restored(step, missing, unexpected)
+    return Restored(step, missing, unexpected, passed_over)

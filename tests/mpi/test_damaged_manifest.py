@@ -6,13 +6,13 @@ of a manifest hpckpt wrote are refused by its checksum: tests/unit/test_manifest
 """
 
 import json
-import warnings
 
 import numpy as np
 import pytest
 
 import hpckpt
 from tests.helpers import BACKENDS
+from tests.mpi.helpers import fallback_messages
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -57,13 +57,11 @@ def test_a_wrong_manifest_falls_back_with_a_warning_naming_it(world, mpi_tmp_pat
     world.Barrier()
     restored = state_of(world, 0.0)
     restored["tail"] = hpckpt.Local(np.zeros(1), resizable=True)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallback_messages(world) as messages:
         with hpckpt.Checkpointer(run_dir, comm=world, backend=name) as checkpointer:
             assert checkpointer.restore(restored) == 1
     assert restored["it"] == 1.0 and restored["u"].array.tolist() == state_of(world, 1.0)["u"].array.tolist()
     assert restored["tail"].array.tolist() == [1.0] * (40_000 + world.rank)
-    messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
     assert len(messages) == 1, messages
     assert f"checkpoint step 2 ({manifest_path}) does not match the state" in messages[0]
     assert messages[0].endswith("falling back to step 1")

@@ -6,6 +6,7 @@ import pytest
 
 import hpckpt
 from hpckpt.testing.faults import ENV as FAULT_ENV
+from tests.mpi.helpers import fallback_warning
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -136,7 +137,7 @@ def test_corrupt_manifest_and_no_good_step(world, mpi_tmp_path):
                 '{"format": "hpckpt-manifest", "version"'
             )
         world.Barrier()
-        with pytest.warns(hpckpt.CheckpointFallbackWarning, match="no older committed step is left"):
+        with fallback_warning(world, match="no older committed step is left"):
             with pytest.raises(
                 hpckpt.CorruptCheckpointError, match=r"no committed step in .* could be restored"
             ):

@@ -7,7 +7,6 @@ damaged shard must make the step fall back like a damaged manifest."""
 import json
 import os
 import time
-import warnings
 from functools import partial
 
 import numpy as np
@@ -18,6 +17,7 @@ from hpckpt._comm import arrival_group
 from hpckpt._hooks import install_point_hook
 from hpckpt.catalog import CheckpointReader
 from hpckpt.model.delta import home_step
+from tests.mpi.helpers import fallback_messages
 
 from .test_conformance import assert_same, make_state
 from .test_rank_change import test_restore_on_another_number_of_ranks as restore_on_another_number_of_ranks
@@ -177,12 +177,10 @@ def test_a_cut_file_of_the_base_step_is_found_by_the_leader_restoring_a_sharded_
         os.truncate(data, data.stat().st_size - 1)
     world.Barrier()
     with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with fallback_messages(world) as fallbacks:
             with pytest.raises(hpckpt.CorruptCheckpointError) as raised:
                 checkpointer.restore(make_state(world, 0))
     assert f"step 2: {data} has " in str(raised.value) and f"step 1: {data} has " in str(raised.value)
-    fallbacks = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
     assert [
         message.startswith(f"checkpoint step {step} is corrupt") and str(data) in message
         for step, message in zip((2, 1), fallbacks)
@@ -216,12 +214,10 @@ def test_a_damaged_shard_or_data_file_makes_the_step_fall_back(world, mpi_tmp_pa
             os.truncate(data, data.stat().st_size - 1)
     world.Barrier()
     restored = make_state(world, 0)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with fallback_messages(world) as messages:
         with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
             assert checkpointer.restore(restored) == 1
     assert_same(make_state(world, 1), restored)
-    messages = [str(w.message) for w in caught if issubclass(w.category, hpckpt.CheckpointFallbackWarning)]
     assert len(messages) == 1 and messages[0].endswith("falling back to step 1"), messages
     problem = {
         "changed": f"shard {last.name} does not match the checksum",

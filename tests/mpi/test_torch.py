@@ -5,6 +5,7 @@ import pytest
 
 import hpckpt
 from hpckpt.buffers.host import as_host_array
+from tests.mpi.helpers import fallback_warning
 
 torch = pytest.importorskip(
     "torch", reason="torch is not installed (make install adds it unless HPCKPT_WITH_TORCH=0)"
@@ -96,10 +97,7 @@ def test_a_bfloat16_leaf_restores_only_into_bfloat16(world, mpi_tmp_path):
         checkpointer.save(2, {"w": hpckpt.Replicated(np.ones(4, np.uint16))})
         # Step 2 does not match a bfloat16 leaf; step 1 does, and is restored with a warning.
         target = {"w": hpckpt.Replicated(torch.zeros(4, dtype=torch.bfloat16))}
-        with pytest.warns(
-            hpckpt.CheckpointFallbackWarning,
-            match="leaf 'w' is an array in the checkpoint but a bfloat16 array",
-        ):
+        with fallback_warning(world, match="leaf 'w' is an array in the checkpoint but a bfloat16 array"):
             assert checkpointer.restore(target) == 1
         assert target["w"].array.float().tolist() == [1.0] * 4
 
