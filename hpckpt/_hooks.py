@@ -17,10 +17,13 @@ FINISHED_FILE_ENV = "HPCKPT_FINISHED_FILE"  # set by `hpckpt run`; Checkpointer.
 _hook: Callable[[str], None] | None = None
 
 
-def install_point_hook(hook: Callable[[str], None] | None) -> None:
-    """Call ``hook(name)`` at every point from now on (None: no hook)."""
+def install_point_hook(hook: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """Call ``hook(name)`` at every point from now on (None: no hook); returns the hook
+    it replaces, for the caller to put back.
+    """
     global _hook
-    _hook = hook
+    replaced, _hook = _hook, hook
+    return replaced
 
 
 def point(name: str) -> None:

@@ -246,11 +246,11 @@ def test_posix_files_shared_across_groups_are_written_in_place_and_cut_to_size(w
     link = mpi_tmp_path / f"link-{world.rank}"
     first_group = arrival_group(0, world.size)  # ranks 0 .. ranks_per_file - 2 of file 0
     hook = partial(last_writer_first, world.rank, ranks_per_file - 1, first_group, mpi_tmp_path, [0])
-    install_point_hook(hook)
+    replaced = install_point_hook(hook)
     try:
         save_shrinking_states(world, run_dir, options, main, link)
     finally:
-        install_point_hook(None)
+        install_point_hook(replaced)  # fault injection's, when hpckpt.testing.faults was imported
 
 
 def last_writer_first(rank: int, last: int, waiting: range, directory, saves: list[int], name: str) -> None:
