@@ -1,13 +1,16 @@
 """The ``hpckpt`` command line (also ``python -m hpckpt``).
 
-Every subcommand is serial and never needs ``mpiexec``: ``run`` relaunches a job;
-``ls``, ``inspect``, ``verify``, ``convert`` and ``gc`` work on a run directory.
-Exit status: 0 on success, 1 when ``verify`` finds a bad block, 2 on bad usage or a
-directory or step that cannot be read.
+Every subcommand is serial and never needs ``mpiexec``, except ``info``, which may
+also run under ``mpiexec`` to check every rank: ``run`` relaunches a job; ``ls``,
+``inspect``, ``verify``, ``convert`` and ``gc`` work on a run directory; ``info``
+reports the environment. Exit status: 0 on success, 1 when ``verify`` finds a bad
+block or ``info`` a problem in the environment, 2 on bad usage or a directory or step
+that cannot be read.
 
 :mod:`.parser` builds the argument parser; each subcommand is in its own module:
 :mod:`.run`, :mod:`.listing` (``ls``), :mod:`.inspection` (``inspect``),
-:mod:`.checking` (``verify``, ``diff``), :mod:`.rewriting` (``convert``, ``gc``);
+:mod:`.checking` (``verify``, ``diff``), :mod:`.rewriting` (``convert``, ``gc``),
+:mod:`.info` (``info``; :mod:`.environment` gathers, :mod:`.info_text` prints);
 :mod:`.common` holds what several of them share.
 """
 
@@ -23,7 +26,7 @@ __all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``hpckpt`` command line; serial (never under ``mpiexec``).
+    """Run the ``hpckpt`` command line; serial, but ``info`` may run under ``mpiexec``.
 
     Parameters
     ----------

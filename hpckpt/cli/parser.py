@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ..relaunch import LAUNCHERS
 from ..storage import backend_names
 from .checking import diff_command, verify_command
+from .info import info_command
 from .inspection import inspect_command
 from .listing import ls_command
 from .rewriting import convert_command, gc_command
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_convert(commands.add_parser)
     _add_diff(commands.add_parser)
     _add_gc(commands.add_parser)
+    _add_info(commands.add_parser)
     return parser
 
 
@@ -214,3 +216,17 @@ def _add_gc(add_parser: AddParser) -> None:
         "e.g. a hung node whose lock outlives it)",
     )
     gc.set_defaults(handler=gc_command)
+
+
+def _add_info(add_parser: AddParser) -> None:
+    info = add_parser(
+        "info",
+        help="show the environment hpckpt runs in, for bug reports",
+        description="Show the versions of hpckpt, Python, numpy, mpi4py and its MPI library (and whether "
+        "mpiexec on PATH is the same MPI), h5py and HDF5, ADIOS2, torch, CuPy and the GPUs seen; which "
+        "backends are usable and why not; the node-local directory and its free space; lfs; the HPCKPT_* "
+        "and Slurm variables set. A plain `hpckpt info` does not initialise MPI; `mpiexec -n N python -m "
+        "hpckpt info` checks every rank. Exit 1 when a problem is found, each listed with its fix.",
+    )
+    info.add_argument("--json", action="store_true", help="print JSON for scripts")
+    info.set_defaults(handler=info_command)
