@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._comm import run_phase
 from .buffers.device import STAGER
 from .engines import Engine, open_engine
+from .errors import HpckptError
 from .options import Options
 from .recovery import ulfm
 from .recovery.in_job import InJobRecovery
@@ -24,6 +25,36 @@ from .storage.lock import RunLock
 if TYPE_CHECKING:
     from mpi4py import MPI
     from typing_extensions import Self
+
+
+_TORCHRUN_HELP = (
+    "this process was started by torchrun (TORCHELASTIC_RUN_ID is set, WORLD_SIZE={world}, RANK={rank}), "
+    "which hpckpt does not support: hpckpt saves over MPI, and under torchrun each process is an MPI world "
+    "of 1 rank, so the {world} processes cannot save one checkpoint together. Launch the script with "
+    "`mpiexec -n {world} python SCRIPT` (or `srun -n {world} python SCRIPT` under Slurm) and give "
+    "torch.distributed its rank, world size and address from MPI with "
+    "`hpckpt.torch.init_process_group(backend)` in place of `torch.distributed.init_process_group`; "
+    "`hpckpt run -- mpiexec -n {world} python SCRIPT` relaunches it after a failure, as torchrun's "
+    "--max-restarts would"
+)
+
+
+def _refuse_torchrun(comm: MPI.Comm) -> None:
+    """Refuse a world of one rank inside a larger torchrun job, naming how to launch instead.
+
+    Under ``torchrun`` (its environment set: ``TORCHELASTIC_RUN_ID``, ``WORLD_SIZE`` over
+    1) every process is an MPI world of its own; all of them would take the same run
+    directory. Not collective: each process decides alone, alike on every one.
+
+    Raises
+    ------
+    HpckptError
+        When ``comm`` has one rank and torchrun's environment names a larger world.
+    """
+    world = os.environ.get("WORLD_SIZE", "")
+    if comm.size != 1 or "TORCHELASTIC_RUN_ID" not in os.environ or not world.isdigit() or int(world) <= 1:
+        return
+    raise HpckptError(_TORCHRUN_HELP.format(world=world, rank=os.environ.get("RANK", "?")))
 
 
 class Attachment:
@@ -47,6 +78,7 @@ class Attachment:
             from mpi4py import MPI
 
             comm = MPI.COMM_WORLD
+        _refuse_torchrun(comm)
         self._recovery = InJobRecovery() if options.recovery is not None else None
         if self._recovery is not None:
             comm = self._recovery.start(comm)

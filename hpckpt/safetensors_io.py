@@ -5,7 +5,10 @@ tensor's dtype, shape and byte range in the data that follows, and the tensors' 
 little-endian bytes. :func:`export_step` writes one committed step so: a Distributed or
 Replicated leaf as one tensor of its global shape, named by its path; a Local leaf as one
 tensor per writer rank, ``<path>/rank-<r>``; the plain values, the lists of the tree and
-each tensor's kind in the metadata entry ``"hpckpt"`` (JSON). It writes the header first
+each tensor's kind in the metadata entry ``"hpckpt"`` (JSON); or only the subtree under
+one key, named without it (``under="model"``: the parameters and buffers that
+:class:`hpckpt.torch.TrainingState` saves, by their ``state_dict`` names, as
+``safetensors.torch.load_model`` takes them). It writes the header first
 (every size is in the manifest) and then one tensor at a time, so it holds at most the
 largest tensor in memory. :func:`import_file` turns any safetensors file into a committed
 step of a run directory: every tensor a Replicated leaf (restorable on any number of
@@ -42,19 +45,40 @@ _HEADER_LIMIT = 100 << 20  # bytes: a longer header is not a safetensors file
 
 
 def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str],
-                progress: Progress | None = None) -> Path:
+                progress: Progress | None = None, *, under: str | None = None) -> Path:
     """Write ``step`` of ``reader``'s run directory to the safetensors file ``path``
     (replaced atomically, made durable). Every block is checked against its checksum.
+
+    Parameters
+    ----------
+    reader
+        The run directory's reader.
+    step
+        A committed step.
+    path
+        The file to write.
+    progress
+        Called with the bytes of each tensor written.
+    under
+        Write only the leaves and values under this path of the tree (``"model"``,
+        ``"extra/ema"``), named from below it; default: the whole tree.
 
     Raises
     ------
     InvalidStateError
-        For a leaf safetensors cannot hold (a Pickled leaf; complex numbers), naming it.
+        For a leaf safetensors cannot hold (a Pickled leaf; complex numbers), naming it;
+        when nothing of the step is under ``under``.
     """
     manifest = reader.manifest(step)
+    prefix = "" if under is None else under.strip("/") + "/"
     entries: list[tuple[str, str, tuple[int, ...], Callable[[], np.ndarray]]] = []
     kinds: dict[str, LeafKind] = {}
-    for record in sorted(manifest.tree_leaves, key=lambda r: r.path.split("/")):
+    records = [record for record in manifest.tree_leaves if record.path.startswith(prefix)]
+    values = {name[len(prefix):]: value for name, value in manifest.values.items() if name.startswith(prefix)}
+    if prefix and not records and not values:
+        raise InvalidStateError(f"step {step} holds nothing under {under!r}")
+    for record in sorted(records, key=lambda r: r.path.split("/")):
+        name = record.path[len(prefix):]
         if record.encoding == "pickle":
             raise InvalidStateError(f"leaf {record.path!r} of step {step} is a pickled object: "
                                     "safetensors holds arrays only")
@@ -65,22 +89,22 @@ def export_step(reader: CheckpointReader, step: int, path: str | os.PathLike[str
                                     f"which safetensors has no type for (it holds {sorted(_NUMPY)})")
         if record.kind == LeafKind.LOCAL:
             for block in sorted(record.blocks, key=lambda b: b.rank):
-                name = f"{record.path}/rank-{block.rank:05d}"
-                entries.append((name, code, block.shape,
+                entries.append((f"{name}/rank-{block.rank:05d}", code, block.shape,
                                 partial(reader.read_block, record, block, step, backend=manifest.backend)))
-                kinds[name] = LeafKind.LOCAL
+                kinds[f"{name}/rank-{block.rank:05d}"] = LeafKind.LOCAL
         else:
-            entries.append((record.path, code, record.whole_shape,
-                            partial(reader.read_array, record.path, step)))
-            kinds[record.path] = record.kind
+            entries.append((name, code, record.whole_shape, partial(reader.read_array, record.path, step)))
+            kinds[name] = record.kind
     header: dict[str, Any] = {}
     offset = 0
     for name, code, shape, _ in entries:
         size = int(np.prod(shape, dtype=np.int64)) * _NUMPY[code].itemsize
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
-    described = {"step": manifest.step, "values": manifest.values, "lists": list(manifest.lists),
-                 "kinds": kinds}
+    lists = [name[len(prefix):] for name in manifest.lists if name.startswith(prefix)]
+    if prefix and prefix[:-1] in manifest.lists:
+        lists.append("")  # the subtree itself is a list
+    described = {"step": manifest.step, "values": values, "lists": lists, "kinds": kinds}
     header["__metadata__"] = {METADATA_KEY: json.dumps(described)}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)

@@ -1,6 +1,9 @@
-"""Training state of torch code as one object that ``Checkpointer.save`` and ``restore`` take.
+"""Training state of torch code as one object that ``Checkpointer.save`` and ``restore`` take,
+and torch.distributed started from MPI.
 
-:class:`TrainingState` holds a model (plain or wrapped in ``DistributedDataParallel``),
+:func:`init_process_group` hands torch.distributed its rank, world size and address from
+an MPI communicator, so that a script launched with ``mpiexec`` or ``srun`` needs no
+torchrun. :class:`TrainingState` holds a model (plain or wrapped in ``DistributedDataParallel``),
 its optimizers, learning-rate schedulers and, by default, the random number generators
 of torch, NumPy and Python on each rank. Saved, it is a tree of hpckpt leaves over the
 live tensors (no copy): parameters, buffers and optimizer state as ``Replicated`` leaves
@@ -17,23 +20,107 @@ creates it the way the optimizer does, with a step at learning rate 0 on zero gr
 optimizer state (saved before the first step), the optimizer is left without state, as a
 fresh one. torch is imported here only; the rest of hpckpt never needs it.
 
-Not collective itself: ``Checkpointer.save`` and ``restore`` are.
+:class:`TrainingState` is not collective itself: ``Checkpointer.save`` and ``restore`` are.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
 import random
+import socket
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._comm import share_phase
 from .errors import StateMismatchError
 from .model.leaves import Distributed, Local, Replicated
 
 if TYPE_CHECKING:
+    from mpi4py import MPI
+
     from .protocols.restore import Restored
 
 _STATE_TYPES = (int, float, bool, str, type(None))
+GENERATORS = ("torch", "numpy", "python")
+"""The generators :class:`TrainingState` can save, by the names its ``rng`` takes."""
+
+
+def init_process_group(backend: str = "gloo", comm: MPI.Comm | None = None, *, host: str | None = None,
+                       timeout: datetime.timedelta | None = None, **options: Any) -> int:
+    """Start torch.distributed on the ranks of ``comm``, with its rank, world size and
+    address from MPI. Collective: every rank of ``comm`` calls it.
+
+    Rank 0 opens torch's rendezvous store on a free port of its host; every rank learns
+    the address over MPI and calls ``torch.distributed.init_process_group`` with
+    ``rank=comm.rank`` and ``world_size=comm.size``. It works under any MPI launcher
+    (``mpiexec``, ``srun``), in place of torchrun's environment. ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set in each
+    process's environment, as torchrun sets them, for the libraries that read them. With
+    a CUDA backend (``"nccl"``), each rank's current CUDA device is its local rank
+    (modulo the devices it sees).
+
+    Parameters
+    ----------
+    backend
+        torch.distributed's backend: ``"gloo"``, ``"nccl"``, ``"cpu:gloo,cuda:nccl"``, ...
+    comm
+        The ranks of torch's world, in its rank order (default ``COMM_WORLD``).
+    host
+        The name or address of rank 0's host that the other ranks connect to (default:
+        its host name, ``socket.gethostname()``).
+    timeout
+        How long torch waits for the other ranks in the rendezvous and in collectives
+        (default: torch's).
+    **options
+        Passed on to ``torch.distributed.init_process_group`` (``device_id``,
+        ``pg_options``, ...).
+
+    Returns
+    -------
+    int
+        This rank's local rank: its rank among the ranks of ``comm`` on its host.
+
+    Raises
+    ------
+    CollectiveError
+        On every rank, when rank 0 cannot open the store.
+
+    Examples
+    --------
+    >>> local_rank = hpckpt.torch.init_process_group("gloo")  # doctest: +SKIP
+    >>> model = torch.nn.parallel.DistributedDataParallel(model)  # doctest: +SKIP
+    """
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    waited: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    store: list[Any] = []
+
+    def open_store() -> tuple[str, int]:
+        address = host or socket.gethostname()
+        if comm.rank == 0:  # port 0: the store binds a free port itself, no other process can take it
+            store.append(dist.TCPStore(address, 0, comm.size, True, wait_for_workers=False, **waited))
+            return address, store[0].port
+        return address, 0
+
+    address, port = share_phase(comm, "torch.distributed rendezvous", open_store)
+    if not store:
+        store.append(dist.TCPStore(address, port, comm.size, False, **waited))
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = node.rank
+    node.Free()
+    os.environ.update(RANK=str(comm.rank), WORLD_SIZE=str(comm.size), LOCAL_RANK=str(local_rank),
+                      MASTER_ADDR=address, MASTER_PORT=str(port))
+    if "nccl" in backend and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    dist.init_process_group(backend, store=store[0], rank=comm.rank, world_size=comm.size,
+                            **waited, **options)
+    return local_rank
 
 
 class TrainingState:
@@ -51,28 +138,38 @@ class TrainingState:
         One learning-rate scheduler or several (``state_dict``/``load_state_dict`` of
         plain values, as torch's own).
     rng
-        Also save and restore each rank's torch, NumPy (global) and Python ``random``
-        generators (default True).
+        Which of each rank's random number generators are saved and restored: names
+        among ``"torch"`` (torch's CPU generator and, where CUDA is there, every CUDA
+        device's), ``"numpy"`` (NumPy's global one, ``np.random.seed``) and
+        ``"python"`` (the ``random`` module's); True for all three (the default),
+        False for none. Save only those the training draws from: a generator saved
+        but never seeded differs between two runs of the same script, which
+        ``hpckpt diff`` then reports.
     extra
         More of the state, as a tree of hpckpt leaves and plain values (an iteration
         counter, a data loader's position), saved and restored in place under ``"extra"``.
 
+    Raises
+    ------
+    ValueError
+        When ``rng`` names a generator other than those of :data:`GENERATORS`.
+
     Examples
     --------
     >>> training = hpckpt.torch.TrainingState(
-    ...     model, optimizer, scheduler, extra={"step": 0})  # doctest: +SKIP
+    ...     model, optimizer, scheduler, rng=["torch"], extra={"step": 0})  # doctest: +SKIP
     >>> start = checkpointer.restore(training) or 0
     >>> ...
     >>> training.extra["step"] = step
     >>> checkpointer.save(step, training)
     """
 
-    def __init__(self, model: Any, optimizers: Any = (), schedulers: Any = (), *, rng: bool = True,
-                 extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: Any, optimizers: Any = (), schedulers: Any = (), *,
+                 rng: bool | Iterable[str] = True, extra: dict[str, Any] | None = None) -> None:
         self.model = getattr(model, "module", model)
         self.optimizers = _as_list(optimizers)
         self.schedulers = _as_list(schedulers)
-        self.rng = rng
+        self.rng = _generators(rng)
         self.extra = {} if extra is None else extra
 
     def checkpoint_tree(self, *, for_restore: bool = False) -> dict[str, Any]:
@@ -88,7 +185,7 @@ class TrainingState:
             "schedulers": [_plain(scheduler.state_dict(), "scheduler") for scheduler in self.schedulers],
         }
         if self.rng:
-            tree["rng"] = _rng_tree()
+            tree["rng"] = _rng_tree(self.rng)
         if self.extra:
             tree["extra"] = self.extra
         return tree
@@ -133,6 +230,17 @@ def _hyper(path: str) -> bool:
     parts = path.split("/")
     return (len(parts) == 5 and parts[0] == "optimizers" and parts[2] == "param_groups"
             and parts[4] != "params")
+
+
+def _generators(rng: bool | Iterable[str]) -> tuple[str, ...]:
+    """The generators ``rng`` names, in :data:`GENERATORS` order; ValueError for another name."""
+    if isinstance(rng, bool):
+        return GENERATORS if rng else ()
+    names = [rng] if isinstance(rng, str) else list(rng)
+    unknown = sorted(set(names) - set(GENERATORS))
+    if unknown:
+        raise ValueError(f"rng names generators among {list(GENERATORS)}, not {unknown}")
+    return tuple(name for name in GENERATORS if name in names)
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -222,33 +330,38 @@ def _leaf(tensor: Any) -> Replicated | Distributed:
     return Distributed(tensor.to_local(), global_shape=tuple(tensor.shape), offset=tuple(offset))
 
 
-def _rng_tree() -> dict[str, Any]:
-    """The generators of this rank as Local leaves (they differ between ranks)."""
+def _rng_tree(generators: tuple[str, ...]) -> dict[str, Any]:
+    """The ``generators`` of this rank as Local leaves (they differ between ranks)."""
     import torch
 
-    version, internal, gauss = random.getstate()
-    _, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
-    tree: dict[str, Any] = {
-        "torch": Local(torch.get_rng_state().numpy()),
-        "python": Local(np.array([version, *internal], dtype=np.uint64)),
-        "python_gauss": Local(np.array([gauss is not None, gauss or 0.0], dtype=np.float64)),
-        "numpy": Local(np.asarray(keys, dtype=np.uint32).copy()),
-        "numpy_position": Local(np.array([position, has_gauss, cached], dtype=np.float64)),
-    }
-    if torch.cuda.is_available():
-        tree["cuda"] = [Local(state.numpy()) for state in torch.cuda.get_rng_state_all()]
+    tree: dict[str, Any] = {}
+    if "torch" in generators:
+        tree["torch"] = Local(torch.get_rng_state().numpy())
+        if torch.cuda.is_available():
+            tree["cuda"] = [Local(state.numpy()) for state in torch.cuda.get_rng_state_all()]
+    if "python" in generators:
+        version, internal, gauss = random.getstate()
+        tree["python"] = Local(np.array([version, *internal], dtype=np.uint64))
+        tree["python_gauss"] = Local(np.array([gauss is not None, gauss or 0.0], dtype=np.float64))
+    if "numpy" in generators:
+        _, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+        tree["numpy"] = Local(np.asarray(keys, dtype=np.uint32).copy())
+        tree["numpy_position"] = Local(np.array([position, has_gauss, cached], dtype=np.float64))
     return tree
 
 
 def _load_rng(tree: dict[str, Any]) -> None:
+    """Set back the generators ``tree`` holds (those :func:`_rng_tree` saved)."""
     import torch
 
-    torch.set_rng_state(torch.from_numpy(tree["torch"].array.copy()))
-    version, *internal = (int(value) for value in tree["python"].array)
-    has_gauss, gauss = tree["python_gauss"].array
-    random.setstate((version, tuple(internal), float(gauss) if has_gauss else None))
-    position, has_cached, cached = tree["numpy_position"].array
-    np.random.set_state(("MT19937", tree["numpy"].array, int(position), int(has_cached), float(cached)))
+    if "torch" in tree:
+        torch.set_rng_state(torch.from_numpy(tree["torch"].array.copy()))
     if "cuda" in tree:
         torch.cuda.set_rng_state_all([torch.from_numpy(leaf.array.copy()) for leaf in tree["cuda"]])
-
+    if "python" in tree:
+        version, *internal = (int(value) for value in tree["python"].array)
+        has_gauss, gauss = tree["python_gauss"].array
+        random.setstate((version, tuple(internal), float(gauss) if has_gauss else None))
+    if "numpy" in tree:
+        position, has_cached, cached = tree["numpy_position"].array
+        np.random.set_state(("MT19937", tree["numpy"].array, int(position), int(has_cached), float(cached)))

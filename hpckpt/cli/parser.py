@@ -176,6 +176,11 @@ def _add_convert(add_parser: AddParser) -> None:
         help="convert only this step (default: every committed one; to safetensors, the newest; from "
         "safetensors, the file's own step or 0)",
     )
+    convert.add_argument(
+        "--under", metavar="PATH",
+        help="to safetensors: only the leaves under PATH of the tree, named from below it (--under model: "
+        "the model of hpckpt.torch.TrainingState, as safetensors.torch.load_model takes it)",
+    )
     convert.set_defaults(handler=convert_command)
 
 

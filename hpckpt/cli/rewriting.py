@@ -29,12 +29,15 @@ def convert_command(args: argparse.Namespace) -> int:
     Raises
     ------
     HpckptError
-        When both sides are safetensors, or the source holds no committed step.
+        When both sides are safetensors, ``--under`` is given for another target, or
+        the source holds no committed step.
     """
     from ..convert import convert_step
     from ..progress import ProgressLine
     from ..safetensors_io import export_step, import_file
 
+    if args.under is not None and args.to != "safetensors":
+        raise HpckptError("--under applies to --to safetensors only")
     if args.source.endswith(".safetensors"):
         if args.to == "safetensors":
             raise HpckptError("both SRC and --to are safetensors: give a backend to import into")
@@ -44,9 +47,10 @@ def convert_command(args: argparse.Namespace) -> int:
     reader = open_reader(args.source)
     if args.to == "safetensors":
         manifest = reader.manifest(args.step)
-        total = sum(record.nbytes for record in manifest.tree_leaves)
+        prefix = "" if args.under is None else args.under.strip("/") + "/"
+        total = sum(record.nbytes for record in manifest.tree_leaves if record.path.startswith(prefix))
         progress = ProgressLine(f"export step {manifest.step}", total)
-        path = export_step(reader, manifest.step, args.destination, progress)
+        path = export_step(reader, manifest.step, args.destination, progress, under=args.under)
         progress.close()
         print(f"step {manifest.step}: {manifest.backend} -> safetensors: {path}")
         return 0

@@ -189,6 +189,12 @@ def test_a_four_rank_step_converts_to_safetensors_for_the_standard_reader_and_ba
     # Local blocks came back as whole arrays
     assert cli("diff", tmp_path / "run", tmp_path / "back").returncode == 1
     assert cli("verify", tmp_path / "back").returncode == 0
+    # --under exports a subtree (tests/unit/test_safetensors_model.py: a torch model); none here
+    model_file = tmp_path / "m.safetensors"
+    part = cli("convert", tmp_path / "run", model_file, "--to", "safetensors", "--under", "model")
+    assert part.returncode == 2 and "step 7 holds nothing under 'model'" in part.stderr
+    refused = cli("convert", tmp_path / "run", tmp_path / "other", "--to", "posix", "--under", "rng")
+    assert refused.returncode == 2 and "--under applies to --to safetensors only" in refused.stderr
 
 
 def test_verify_reports_a_truncated_file(tmp_path):

@@ -12,7 +12,6 @@ Prints ``fsdp: restored step 6 on N ranks: K tensors bit for bit``.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +54,7 @@ def main() -> int:
     mode.add_argument("--check")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    port = comm.bcast(29500 + os.getpid() % 1000 if comm.rank == 0 else None)
-    os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    hpckpt.torch.init_process_group("gloo", comm)
     torch.manual_seed(0 if args.save else 7)  # the check starts from other weights
     model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
     fully_shard(model)

@@ -56,10 +56,7 @@ def main() -> int:
     parser.add_argument("--crash-at", type=int)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    port = comm.bcast(29500 + os.getpid() % 1000 if comm.rank == 0 else None)
-    os.environ.setdefault("MASTER_PORT", str(port))
-    dist.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+    hpckpt.torch.init_process_group("gloo", comm)
     torch.manual_seed(0)  # the same initial weights on every rank
     torch.use_deterministic_algorithms(True)
     model = torch.nn.parallel.DistributedDataParallel(TinyTransformer())
