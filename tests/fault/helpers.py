@@ -10,6 +10,12 @@ from tests.heat_output import Finished
 from tests.processes import run_group
 
 JOB_TIMEOUT = 50  # seconds a job may run before its whole process group is killed
+SOAK_ENV = "HPCKPT_FAULT_SOAK"  # `make soak`: this many times the seeded trials of `make test`
+
+
+def seeds(count: int) -> range:
+    """The seeds of a seeded fault test: ``count`` of them, times ``HPCKPT_FAULT_SOAK`` (``make soak``)."""
+    return range(count * int(os.environ.get(SOAK_ENV, "1")))
 
 
 def heat_command(

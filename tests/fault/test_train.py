@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.fault.helpers import relaunched, run
+from tests.fault.helpers import relaunched, run, seeds
 from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
 from tests.fault.trials import first_attempt, newest_committed
 from tests.helpers import BACKENDS
@@ -37,7 +37,7 @@ def train_reference(tmp_path_factory) -> str:
     return finished(run(train_command(RANKS, tmp_path_factory.mktemp("train") / "clean", every=0))).group(4)
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", seeds(6))
 def test_random_kills_resume_training_from_the_newest_committed_step(seed, tmp_path, train_reference):
     rng = random.Random(3000 + seed)
     run_dir = tmp_path / "ckpt"

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.fault.helpers import JOB_TIMEOUT, heat_command, run
+from tests.fault.helpers import JOB_TIMEOUT, heat_command, run, seeds
 from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
 from tests.fault.trials import first_attempt, newest_committed_per_rank
 from tests.helpers import BACKENDS
@@ -30,7 +30,7 @@ def uncoordinated(run_dir, *args: str, **kwargs) -> list[str]:
     return heat_command(RANKS, run_dir, "--protocol", "uncoordinated", *args, **kwargs)
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", seeds(12))
 def test_random_kills_resume_from_each_ranks_newest_committed_checkpoint(seed, tmp_path, reference_checksum):
     rng = random.Random(1000 + seed)
     run_dir = tmp_path / "ckpt"
