@@ -27,7 +27,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    python3 -c "import sys, cupy, mpi4py.MPI as M; print('python', sys.version.split()[0], '| cupy', cupy.__version__, '| CUDA runtime', cupy.cuda.runtime.runtimeGetVersion(), '|', M.Get_library_version().splitlines()[0])"
+    python3 -c "import sys, cupy, mpi4py.MPI as M; print('python', sys.version.split()[0], '| cupy', cupy.__version__, '| CUDA runtime', cupy.cuda.runtime.runtimeGetVersion(), '|', M.Get_library_version().rstrip('\x00').splitlines()[0])"
 } 2>&1 | tee "$log"
 status=0
 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu 2>&1 | tee -a "$log" || status=1

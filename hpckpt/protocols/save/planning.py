@@ -157,8 +157,13 @@ def _plan_leaf(
     ``position`` is this rank's (rank, size).
     """
     leaf, (rank, size), (arrays, deferred) = slot.value, position, out
-    # a device leaf is checksummed chunk by chunk while the later chunks are still copied
-    checksum = None if copy is None else pieces_checksum(copy.pieces())
+    # a device leaf whose checksum can wait for the write (as a host block's does) is only
+    # waited for; else it is checksummed chunk by chunk while the later chunks are still copied
+    checksum = None
+    if copy is not None and deferred is not None:
+        copy.wait()
+    elif copy is not None:
+        checksum = pieces_checksum(copy.pieces())
     distributed = leaf if isinstance(leaf, Distributed) else None
     offset = distributed.offset if distributed else ()
     own = host
