@@ -2,9 +2,14 @@
 # The demo behind `make demo`: the heat solver on NP ranks (default 4), once without
 # failures and once with rank 2 SIGKILLed mid-run under `hpckpt run`; the two final
 # checksums must be equal. Prints what happened and PASS or FAIL.
+# PY (default python3) is the environment's Python; its directory comes first on PATH, as
+# in a shell where that environment is activated, so its own mpiexec (PyPI's MPICH in
+# tools/install-wheels.sh's environment) launches the ranks when it has one.
 set -uo pipefail
 PY=${PY:-python3}
 NP=${NP:-4}
+case $PY in */*) PATH=$(cd "$(dirname "$PY")" && pwd):$PATH ;; esac
+echo "demo: $("$PY" -c 'import mpi4py.MPI as m; print(*m.Get_library_version().split()[:3])') ($(command -v mpiexec))"
 work=$(mktemp -d "${TMPDIR:-/tmp}/hpckpt-demo.XXXXXX")
 heat=("$PY" -m hpckpt.examples.heat --n 512 --iters 400 --every 50)
 

@@ -66,19 +66,25 @@ _NATIVE_TYPES = {
 }
 
 
+_ADIOS2_FIX = (
+    "build ADIOS2 with ADIOS2_USE_MPI=ON against the MPI that mpi4py uses (docs/install.md, "
+    "'ADIOS2 with MPI'; `make install` does it in a checkout), or use backend='hdf5' or 'posix', "
+    "which need no ADIOS2"
+)
+
+
 def _require_adios2() -> None:
     """Raise ``ImportError`` saying how to install it unless ADIOS2 is there, built with MPI."""
     try:
         import adios2
     except ImportError as exc:
         raise ImportError(
-            "the adios2 backend needs the adios2 Python package built with MPI; run `make install` "
-            "(docs/install.md builds it from source with ADIOS2_USE_MPI=ON)"
+            f"the adios2 backend needs the adios2 Python package built with MPI: {_ADIOS2_FIX}"
         ) from exc
     if not adios2.is_built_with_mpi:
         raise ImportError(
-            "the adios2 backend needs ADIOS2 built with MPI (adios2.is_built_with_mpi is False); "
-            "rebuild it with ADIOS2_USE_MPI=ON against the MPI that mpi4py uses (see docs/install.md)"
+            "the adios2 backend needs ADIOS2 built with MPI, and this one is not "
+            f"(adios2.is_built_with_mpi is False, as in PyPI's adios2 wheel): {_ADIOS2_FIX}"
         )
 
 

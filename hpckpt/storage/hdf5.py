@@ -91,7 +91,7 @@ def _h5py() -> Any:
     try:
         import h5py
     except ImportError as exc:
-        raise ImportError("the hdf5 backend needs h5py; run `make install` or `pip install h5py`") from exc
+        raise ImportError("the hdf5 backend needs h5py: `pip install h5py` (hpckpt's [hdf5] extra)") from exc
     return h5py
 
 
