@@ -72,7 +72,9 @@ class PickleWarning(UserWarning):
 
 
 class CheckpointFallbackWarning(UserWarning):
-    """The newest committed step failed verification; an older step is used instead."""
+    """The newest committed step failed verification, or node-local steps were written by
+    a job of another rank count or node layout; an older step is used instead.
+    """
 
 
 class PartialRestoreWarning(UserWarning):

@@ -68,8 +68,18 @@ class MultiLevelEngine(CoordinatedEngine):
 
     def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
         """The newest node-local step when it is at least as new as the file system's
-        (or is the chosen step), else the file system's. Collective.
+        (or is the chosen step), else the file system's; rank 0 warns where node-local
+        steps of another job layout, newer than the step restored, were deleted.
+        Collective.
         """
+        restored = self._restore_from_a_level(state, choice)
+        foreign = self._local.foreign_warning(None if restored is None else restored.step)
+        if foreign is not None and self.control.rank == 0:
+            warnings.warn(f"{foreign}; restored {'nothing' if restored is None else f'step {restored.step}'} "
+                          "from the file system instead", CheckpointFallbackWarning, stacklevel=5)
+        return restored
+
+    def _restore_from_a_level(self, state: Any, choice: RestoreChoice) -> Restored | None:
         local = self._local.restorable_step()
         flushed = list_committed_steps(self.control, self.run_dir)
         newest = choice.step is None and (not flushed or (local is not None and local >= flushed[-1]))
@@ -82,7 +92,7 @@ class MultiLevelEngine(CoordinatedEngine):
             except CollectiveError as exc:  # raised on every rank alike; rank 0 says so
                 if self.control.rank == 0:
                     warnings.warn(f"node-local step {local} could not be restored ({exc}); "
-                                  "using the file system", CheckpointFallbackWarning, stacklevel=4)
+                                  "using the file system", CheckpointFallbackWarning, stacklevel=6)
         restored = restore_newest(self.control, self.run_dir, self.backend, state, choice)
         self.stats.restored_level = None if restored is None else "file system"
         self._local.discard_after(None if restored is None else restored.step)  # newer local steps are stale

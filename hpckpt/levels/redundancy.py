@@ -5,7 +5,8 @@ files); :func:`pack` turns it into one byte string (a JSON index of file names a
 sizes, then the bytes) and :func:`unpack` writes it back.
 
 - ``partner``: rank r sends its packed step to the rank one node further on, which
-  keeps it; a lost node's ranks get theirs back from their partners.
+  keeps it (a node with fewer ranks keeps several); a lost node's ranks get theirs back
+  from their partners.
 - ``xor``: ranks on distinct nodes form groups of G (the i-th rank of each of G
   consecutive nodes). Each member's packed step, padded to the same length, is cut
   into G - 1 chunks; member j keeps parity chunk ``p_j``, the XOR of chunk
@@ -56,15 +57,21 @@ def unpack(blob: np.ndarray, directory: Path) -> None:
         at += size
 
 
-def exchange_partner(comm: MPI.Comm, blob: np.ndarray, holder: int, owner: int) -> np.ndarray:
-    """Send ``blob`` to ``holder``; receive (and return) the blob of ``owner``. Collective."""
+def exchange_partner(comm: MPI.Comm, blob: np.ndarray, holder: int, owners: list[int]) -> list[np.ndarray]:
+    """Send ``blob`` to ``holder``; receive (and return, in order) the blobs of ``owners``,
+    the ranks whose holder this rank is (none, one, or several where nodes have unequal
+    rank counts). Collective.
+    """
     from mpi4py import MPI
 
-    sizes = np.array([blob.size], dtype=np.int64), np.empty(1, dtype=np.int64)
-    comm.Sendrecv(sizes[0], dest=holder, sendtag=11, recvbuf=sizes[1], source=owner, recvtag=11)
-    received = np.empty(int(sizes[1][0]), dtype=np.uint8)
-    comm.Sendrecv([blob, MPI.BYTE], dest=holder, sendtag=12, recvbuf=[received, MPI.BYTE], source=owner,
-                  recvtag=12)
+    size = np.array([blob.size], dtype=np.int64)
+    sizes = [np.empty(1, dtype=np.int64) for _ in owners]
+    MPI.Request.Waitall([comm.Isend(size, dest=holder, tag=11)]
+                        + [comm.Irecv(buffer, source=owner, tag=11) for buffer, owner in zip(sizes, owners)])
+    received = [np.empty(int(length[0]), dtype=np.uint8) for length in sizes]
+    MPI.Request.Waitall([comm.Isend([blob, MPI.BYTE], dest=holder, tag=12)]
+                        + [comm.Irecv([buffer, MPI.BYTE], source=owner, tag=12)
+                           for buffer, owner in zip(received, owners)])
     return received
 
 
