@@ -6,7 +6,7 @@ WHEELS_VENV ?= .venv-wheels
 MPIEXEC ?= mpiexec
 NP      ?= 4
 
-.PHONY: install test lint test-unit test-install test-frameworks test-fault test-mpi test-lab test-slurm test-ulfm soak demo bench clean
+.PHONY: install test lint docs test-unit test-install test-frameworks test-fault test-mpi test-lab test-slurm test-ulfm soak demo bench clean
 
 install:
 	HPCKPT_VENV=$(abspath $(VENV)) bash tools/install.sh
@@ -15,13 +15,18 @@ install:
 	bash tools/install-lab.sh
 
 test: install
-	$(MAKE) lint test-unit test-install test-frameworks test-fault test-mpi test-lab test-slurm test-ulfm
+	$(MAKE) lint docs test-unit test-install test-frameworks test-fault test-mpi test-lab test-slurm test-ulfm
 
 # ruff (the rule set is in pyproject.toml) over the library, the tests, perf/ and tools/;
 # mypy (settings in pyproject.toml) over the library.
 lint:
 	$(PY) -m ruff check hpckpt tests perf tools
 	$(PY) -m mypy
+
+# The documentation with the API reference, into build/docs/html; fails on any warning (a
+# broken docstring, cross-reference or link) and on a public name missing from docs/api.rst.
+docs:
+	PY=$(PY) bash tools/build-docs.sh
 
 # The unit tests, then the scaling benchmark's quick mode (fails on super-linear growth, perf/bench_scale.py).
 test-unit:

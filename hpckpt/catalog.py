@@ -4,7 +4,7 @@ Nothing here needs ``mpiexec`` or talks to other ranks: :class:`CheckpointReader
 lists the steps and their status, reads any stored block (checking its checksum),
 assembles whole arrays and verifies steps. It is also the documented way to take
 Local leaves to a job of another size: every rank reads every writer's block with
-:meth:`CheckpointReader.local_blocks` and picks what it needs.
+:meth:`hpckpt.CheckpointReader.local_blocks` and picks what it needs.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .storage.names import MANIFEST_NAME, step_entries
 from .storage.verified import read_verified
 
 Progress = Callable[[int], None]
-PACK_CACHE_BYTES = 256 << 20  # pack blocks kept in memory between reads of their leaves
+#: Bytes of pack blocks kept in memory between reads of their leaves.
+PACK_CACHE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class CheckpointReader:
 
     def tree(self, step: int | None = None) -> Any:
         """The state tree of ``step`` as it was saved: its dicts and lists and plain
-        values, and each array leaf as its :class:`~hpckpt.model.manifest.LeafRecord`
+        values, and each array leaf as its :class:`~hpckpt.model.records.LeafRecord`
         (kind, dtype, shape, blocks; read it with :meth:`read_array` or
         :meth:`local_blocks`). Empty dicts and lists are not stored. Steps written
         before manifest version 4 do not say which containers were lists: theirs come
@@ -170,7 +171,7 @@ class CheckpointReader:
         The step's files are checked first (sizes, metadata checksums), once per step, so
         an I/O library never parses a damaged file. A packed leaf's block is cut from its
         pack block, which is read and checked once while the pack blocks read last take
-        at most :data:`PACK_CACHE_BYTES`.
+        at most :data:`~hpckpt.catalog.PACK_CACHE_BYTES`.
         """
         if is_member(block):
             return member_bytes(self._pack_block(step, block.rank, backend), record, block).copy()

@@ -39,7 +39,7 @@ class Checkpointer(Restoring):
     order with the same arguments (except each rank's own state). With the
     uncoordinated protocol, ``save`` and ``steps`` are a rank's own business and the
     application communicates through :attr:`comm`, which logs its messages (see
-    :class:`~hpckpt.engines.uncoordinated.UncoordinatedEngine`).
+    :class:`~hpckpt.messages.comm.LoggedComm`, and docs/protocols.md).
 
     Parameters
     ----------
@@ -59,8 +59,6 @@ class Checkpointer(Restoring):
 
     Attributes
     ----------
-    engine
-        The engine of the chosen mode (:mod:`hpckpt.engines`).
     stats
         What the saves cost (:class:`~hpckpt.engines.base.SaveStats`), also read as
         ``last_save``, ``saves``, ``save_seconds``, ``snapshot_seconds``, and which
@@ -113,7 +111,8 @@ class Checkpointer(Restoring):
         blocking
             False (coordinated only): return once the arrays are copied into host
             buffers; the write and commit run in a background thread. The returned
-            handle's ``wait()``, :meth:`wait` and :meth:`close` finish it; an error
+            handle's :meth:`~hpckpt.engines.background.SaveHandle.wait`, this checkpointer's
+            :meth:`wait` and :meth:`close` finish it; an error
             there is raised on every rank at the next call of this Checkpointer.
             With a node-local level the local save blocks and the flush runs behind.
         metric

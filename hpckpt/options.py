@@ -158,7 +158,7 @@ class Options:
     @classmethod
     def from_keywords(cls, **keywords: Unpack[OptionKeywords]) -> Options:
         """The options named by the flat keyword arguments of :class:`~hpckpt.Checkpointer`
-        (:class:`OptionKeywords`); the ones not given take the dataclasses' defaults.
+        (:class:`~hpckpt.options.OptionKeywords`); the ones not given take the dataclasses' defaults.
         """
         unknown = sorted(set(keywords) - set(OptionKeywords.__annotations__))
         if unknown:

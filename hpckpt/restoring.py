@@ -18,14 +18,9 @@ from .stateful import Stateful
 
 
 class Restoring(Attachment):
-    """The restore side of :class:`hpckpt.Checkpointer` (see there; created only as one).
+    """The restore side of :class:`hpckpt.Checkpointer` (see there; created only as one)."""
 
-    Attributes
-    ----------
-    last_restore
-        The last restore's step and what it left alone (None before one restored a step).
-    """
-
+    #: The last restore's step and what it left alone (None before one restored a step).
     last_restore: Restored | None = None
 
     def restore(

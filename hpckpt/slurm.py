@@ -41,6 +41,7 @@ from ._comm import share_phase
 if TYPE_CHECKING:
     from mpi4py import MPI
 
+#: The exit status of a job that stopped early with a checkpoint (``EX_TEMPFAIL``).
 STOPPED_EXIT_CODE = 75
 READY_FILE_ENV = "HPCKPT_READY_FILE"
 STOP_FILE_ENV = "HPCKPT_STOP_FILE"  # set by `hpckpt run`; rank 0 writes the stop reason into it
@@ -132,8 +133,10 @@ class JobControl:
                        else margin)
         if not self.margin >= 0:
             raise ValueError(f"the stop margin must be >= 0 seconds, got {self.margin}")
+        #: How many times Slurm has restarted the job (``SLURM_RESTART_COUNT``, 0 the first time).
         self.restart_count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         self.job_id = os.environ.get("SLURM_JOB_ID")
+        #: Why :meth:`should_stop` said True (a signal, the wall-time limit); None until then.
         self.stop_reason: str | None = None
         self._received: int = 0
         self._longest_step = 0.0

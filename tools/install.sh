@@ -24,7 +24,7 @@ H5PY_VERSION=3.16.0
 ADIOS2_VERSION=2.12.1.1001
 NUMPY_SPEC='numpy>=1.26,<3'
 RUNTIME_PKGS='xxhash>=3.4'
-TEST_PKGS='pytest>=8 pytest-mpi==0.6 pytest-timeout>=2.3 hypothesis>=6 blosc2>=2.5 zstandard>=0.22 matplotlib>=3.8 zfpy>=1.0 ml_dtypes>=0.4 safetensors>=0.4 h5netcdf>=1.3 ruff==0.17.6 mypy==2.4.1'
+TEST_PKGS='pytest>=8 pytest-mpi==0.6 pytest-timeout>=2.3 hypothesis>=6 blosc2>=2.5 zstandard>=0.22 matplotlib>=3.8 zfpy>=1.0 ml_dtypes>=0.4 safetensors>=0.4 h5netcdf>=1.3 ruff==0.17.6 mypy==2.4.1 sphinx==9.0.4 numpydoc==1.11.0 myst-parser==5.2.0'
 BUILD_PKGS='setuptools>=77 wheel Cython>=3 pkgconfig scikit-build-core setuptools_scm cmake ninja'
 
 say() { printf 'install: %s\n' "$*"; }

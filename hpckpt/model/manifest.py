@@ -102,7 +102,9 @@ class Manifest:
 
     @property
     def pack(self) -> LeafRecord | None:
-        """The record of the step's packed small leaves (encoding :data:`PACKED`), if any."""
+        """The record of the step's packed small leaves (encoding
+        :data:`~hpckpt.model.records.PACKED`), if any.
+        """
         return next((record for record in self.leaves if record.encoding == PACKED), None)
 
     @functools.cached_property
@@ -131,7 +133,7 @@ class Manifest:
         Version 1 unless the step is incremental (2), packs small leaves (3), its tree
         holds lists or named axes (4, with the keys ``lists`` and ``dims``) or its blocks
         are in :attr:`shards` (5: the leaves list none), so older readers still read the
-        steps they can (:mod:`~hpckpt.model.manifest_versions`).
+        steps they can (``hpckpt.model.manifest_versions``).
         """
         version = written_version(sharded=bool(self.shards), lists=bool(self.lists or self.dims),
                                   packed=self.pack is not None, incremental=self.incremental)

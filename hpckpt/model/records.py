@@ -31,8 +31,10 @@ from .boxes import Box
 from .kinds import LeafKind
 
 RESERVED_KEY = "__hpckpt__"  # a top-level state key that is hpckpt's own: the pack lives under it
+#: The path of the record that holds a step's packed small leaves.
 PACK_PATH = f"{RESERVED_KEY}/packed"
-PACKED = "packed"  # the pack record's encoding
+#: The encoding of the pack record.
+PACKED = "packed"
 IN_STEP = "in_step"  # block location key: the earlier step whose files hold the block's bytes
 CODEC = "codec"  # block location key: the codec the backend encoded the block's bytes with
 STORED_BYTES = "stored_bytes"  # block location key: the bytes the backend stores for the block (encoded)

@@ -1,7 +1,7 @@
 """The storage interface: where and how the bytes of a step go.
 
 A backend knows nothing of protocols; it stores and fetches *blocks*: the part of a
-leaf one rank wrote (see :class:`~hpckpt.model.manifest.Block`). A backend derives from
+leaf one rank wrote (see :class:`~hpckpt.model.records.Block`). A backend derives from
 :class:`Backend`, implements its three abstract methods and declares its
 :class:`Capabilities`; one that lays a step out in groups of ranks also implements
 :class:`GroupLayout`. Per saved step the protocol calls:
@@ -103,6 +103,7 @@ class Annotations:
     dims: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
+#: A step with no plain values and no axis names: the default of :meth:`Backend.write`.
 NO_ANNOTATIONS = Annotations()
 Landed = Callable[[BlockData, int], None]  # (request, bytes of its array now in place from the start)
 

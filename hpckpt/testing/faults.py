@@ -68,7 +68,7 @@ def _world_rank() -> int:
 
 def reach(name: str) -> None:
     """Called when this process reaches point ``name`` (the hook of
-    :func:`hpckpt._hooks.point`, installed when this module is imported): act if
+    ``hpckpt._hooks.point``, installed when this module is imported): act if
     ``HPCKPT_FAULT`` asks to.
 
     The rank in ``HPCKPT_FAULT`` is the process's rank in ``COMM_WORLD`` (the
