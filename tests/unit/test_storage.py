@@ -35,7 +35,8 @@ def test_bad_backend_options_are_named():
 
 
 @pytest.mark.parametrize(
-    ("name", "module", "advice"), [("adios2", "adios2", "ADIOS2_USE_MPI=ON"), ("hdf5", "h5py", "pip install h5py")]
+    ("name", "module", "advice"),
+    [("adios2", "adios2", "ADIOS2_USE_MPI=ON"), ("hdf5", "h5py", "pip install h5py")],
 )
 def test_a_missing_library_says_how_to_install_it(name, module, advice):
     code = (
