@@ -84,9 +84,13 @@ def test_unusable_backends_are_reported_with_their_own_refusal():
     assert ["every rank is rank 0" in problem["problem"] for problem in report["problems"]] == [True]
 
 
-def test_mpi4py_on_another_mpi_than_mpiexec_is_a_problem():
-    shown = info(launcher=("mpiexec", "-n", "2"), python=other_mpi_python())
+def test_mpi4py_on_another_mpi_than_mpiexec_is_a_problem(tmp_path):
+    # each process's output in a file of its own (Hydra's -outfile-pattern): two reports never interleave
+    launcher = ("mpiexec", "-n", "2", "-outfile-pattern", str(tmp_path / "out.%r"))
+    shown = info(launcher=launcher, python=other_mpi_python())
     assert shown.returncode == 1, shown.stdout + shown.stderr
-    assert shown.stdout.count("the launcher started 2 processes, but this one is in an MPI world of 1") == 2
-    assert shown.stdout.count("is MPICH, but mpi4py runs on Open MPI") == 2  # the mpiexec on PATH
-    assert "Fix: use the mpiexec of the MPI that mpi4py is built with" in shown.stdout
+    for process in (0, 1):  # every process is a world of one: each says so
+        report = (tmp_path / f"out.{process}").read_text()
+        assert "the launcher started 2 processes, but this one is in an MPI world of 1" in report, report
+        assert "is MPICH, but mpi4py runs on Open MPI" in report  # the mpiexec on PATH
+        assert "Fix: use the mpiexec of the MPI that mpi4py is built with" in report
