@@ -11,35 +11,21 @@ import pytest
 
 from hpckpt.catalog import CheckpointReader
 from tests.fault.helpers import heat_command, relaunched, run, seeds
-from tests.fault.trials import first_attempt, newest_committed
+from tests.fault.trials import MODES, SAVE_POINTS, first_attempt, newest_committed, seeded_first_attempt
 from tests.helpers import BACKENDS
 
 RANKS = 4
-SAVE_POINTS = ("save.plan", "save.write", "save.commit", "save.retain")
 
 
 @pytest.mark.parametrize("seed", seeds(12))
 def test_sigkill_at_random_moments_resumes_from_the_newest_committed_step(seed, tmp_path, reference_checksum):
     rng = random.Random(seed)
     run_dir = tmp_path / "ckpt"
-    mode = ("save-point", "iteration", "external")[seed % 3]
     backend = BACKENDS[seed // 3 % len(BACKENDS)]  # seeds 0-8: every mode x backend
     command = heat_command(RANKS, run_dir, "--backend", backend)
-    if mode == "save-point":
-        fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
-        first_attempt(command, tmp_path, RANKS, rng, fault=fault)
-    elif mode == "iteration":
-        iteration, rank = rng.randint(0, 119), rng.randrange(RANKS)
-        landed = first_attempt(
-            command + ["--crash-at-iter", str(iteration), "--crash-rank", str(rank)],
-            tmp_path,
-            RANKS,
-            rng,
-            crash=True,
-        )
-        assert (landed.where, landed.rank) == (f"heat.iteration.{iteration}", rank)
-    else:
-        first_attempt(command, tmp_path, RANKS, rng)
+    seeded_first_attempt(
+        command, tmp_path, RANKS, rng, MODES[seed % 3], crash=("--crash-at-iter", "heat.iteration")
+    )
     newest = newest_committed(run_dir)
     result = run(command)
     assert result.returncode == 0, result.stderr[-3000:]

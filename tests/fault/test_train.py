@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from tests.fault.helpers import relaunched, run, seeds
-from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
-from tests.fault.trials import first_attempt, newest_committed
+from tests.fault.test_heat_faults import RANKS
+from tests.fault.trials import MODES, newest_committed, seeded_first_attempt
 from tests.helpers import BACKENDS
 
 TRAIN_DONE = re.compile(
@@ -41,23 +41,9 @@ def train_reference(tmp_path_factory) -> str:
 def test_random_kills_resume_training_from_the_newest_committed_step(seed, tmp_path, train_reference):
     rng = random.Random(3000 + seed)
     run_dir = tmp_path / "ckpt"
-    mode = ("save-point", "step", "external")[seed % 3]
     command = train_command(RANKS, run_dir, "--backend", BACKENDS[seed % len(BACKENDS)])
-    if mode == "save-point":
-        fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(1, 11)}"
-        first_attempt(command, tmp_path, RANKS, rng, fault=fault)
-    elif mode == "step":
-        step, rank = rng.randint(0, 119), rng.randrange(RANKS)
-        landed = first_attempt(
-            command + ["--crash-at-step", str(step), "--crash-rank", str(rank)],
-            tmp_path,
-            RANKS,
-            rng,
-            crash=True,
-        )
-        assert (landed.where, landed.rank) == (f"train.step.{step}", rank)
-    else:
-        first_attempt(command, tmp_path, RANKS, rng)
+    crash = ("--crash-at-step", "train.step")
+    seeded_first_attempt(command, tmp_path, RANKS, rng, MODES[seed % 3], crash=crash)
     newest = newest_committed(run_dir)
     match = finished(run(command))
     assert (match.group(2), match.group(4)) == (newest, train_reference)

@@ -16,8 +16,13 @@ import sys
 import pytest
 
 from tests.fault.helpers import JOB_TIMEOUT, heat_command, run, seeds
-from tests.fault.test_heat_faults import RANKS, SAVE_POINTS
-from tests.fault.trials import first_attempt, newest_committed_per_rank
+from tests.fault.test_heat_faults import RANKS
+from tests.fault.trials import (
+    MODES,
+    first_attempt,
+    newest_committed_per_rank,
+    seeded_first_attempt,
+)
 from tests.helpers import BACKENDS
 from tests.processes import run_group
 
@@ -34,23 +39,12 @@ def uncoordinated(run_dir, *args: str, **kwargs) -> list[str]:
 def test_random_kills_resume_from_each_ranks_newest_committed_checkpoint(seed, tmp_path, reference_checksum):
     rng = random.Random(1000 + seed)
     run_dir = tmp_path / "ckpt"
-    mode = ("save-point", "iteration", "external")[seed % 3]
+    mode = MODES[seed % 3]
     command = uncoordinated(run_dir, "--backend", BACKENDS[seed // 3 % len(BACKENDS)])
-    if mode == "save-point":
-        fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(RANKS)}:kill:{rng.randint(2, 11)}"
-        first_attempt(command, tmp_path, RANKS, rng, fault=fault)
-    elif mode == "iteration":
-        iteration, rank = rng.randint(25, 119), rng.randrange(RANKS)
-        landed = first_attempt(
-            command + ["--crash-at-iter", str(iteration), "--crash-rank", str(rank)],
-            tmp_path,
-            RANKS,
-            rng,
-            crash=True,
-        )
-        assert (landed.where, landed.rank) == (f"heat.iteration.{iteration}", rank)
-    else:
-        first_attempt(command, tmp_path, RANKS, rng)
+    seeded_first_attempt(
+        command, tmp_path, RANKS, rng, mode, crash=("--crash-at-iter", "heat.iteration"),
+        first_kill=2, first_crash=25,
+    )
     newest = newest_committed_per_rank(run_dir, RANKS)
     result = run(command)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -21,6 +21,8 @@ from tests.heat_output import Finished
 from tests.processes import started_group
 
 TRIAL_ENV = "HPCKPT_TRIAL"  # tags the processes of one trial, for the external kill to find
+SAVE_POINTS = ("save.plan", "save.write", "save.commit", "save.retain")
+MODES = ("save-point", "crash", "external")  # how a seeded trial's first attempt is killed
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,36 @@ def first_attempt(
             assert (landed.where, landed.rank) == (point, int(rank)), landed
     assert result.returncode != 0, f"the first attempt survived its fault {landed}:\n{result.stderr[-3000:]}"
     return landed
+
+
+def seeded_first_attempt(
+    command: list[str],
+    tmp_path: Path,
+    ranks: int,
+    rng: random.Random,
+    mode: str,
+    *,
+    crash: tuple[str, str],
+    first_kill: int = 1,
+    first_crash: int = 0,
+) -> None:
+    """Run a seeded trial's first attempt, killed as ``mode`` (one of :data:`MODES`) says,
+    with ``rng``'s choices: at a save point of a rank, the ``first_kill``-th to 11th time
+    it is reached; by the application itself at an iteration from ``first_crash`` to 119
+    (``crash``: its option, e.g. ``--crash-at-iter``, and the crash point's prefix, e.g.
+    ``heat.iteration``); or from outside. Checks that the fault landed where it was aimed."""
+    if mode == "save-point":
+        fault = f"{rng.choice(SAVE_POINTS)}:{rng.randrange(ranks)}:kill:{rng.randint(first_kill, 11)}"
+        first_attempt(command, tmp_path, ranks, rng, fault=fault)
+    elif mode == "crash":
+        (option, point), (at, rank) = crash, (rng.randint(first_crash, 119), rng.randrange(ranks))
+        landed = first_attempt(
+            command + [option, str(at), "--crash-rank", str(rank)], tmp_path, ranks, rng, crash=True
+        )
+        assert (landed.where, landed.rank) == (f"{point}.{at}", rank)
+    else:
+        assert mode == "external", mode
+        first_attempt(command, tmp_path, ranks, rng)
 
 
 def newest_committed(run_dir: Path) -> str:
