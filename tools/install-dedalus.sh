@@ -39,12 +39,9 @@ pip=("$python" -m pip --disable-pip-version-check -q)
 
 # --- 1. build settings and their key -----------------------------------------------------
 export MPICC=${MPICC:-$(command -v mpicc)}
-mpi_id=$("$MPICC" -show 2>/dev/null | tr -s ' ' | md5sum | cut -c1-8)
-mpi_version=$(mpichversion 2>/dev/null | head -1 | tr -cd '[:alnum:].' || true)
-py_tag=$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+. "$repo/tools/build-keys.sh"  # py_tag, mpi_id, mpi_version, key_of: keyed as tools/install.sh keys
 mpi4py_version=$("$python" -c 'import mpi4py; print(mpi4py.__version__)')
 numpy_major=$("$python" -c 'import numpy; print(numpy.__version__.split(".")[0])')
-key_of() { printf '%s' "$*" | md5sum | cut -c1-12; }
 
 if [ -n "${FFTW_PATH:-}" ]; then
     fftw=$FFTW_PATH

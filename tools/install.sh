@@ -61,10 +61,7 @@ else
     export HDF5_PKGCONFIG_NAME=${HDF5_PKGCONFIG_NAME:-hdf5-mpich}
     hdf5_setting="pkgconfig=$HDF5_PKGCONFIG_NAME-$(pkg-config --modversion "$HDF5_PKGCONFIG_NAME")"
 fi
-py_tag=$("$python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
-mpi_id=$("$MPICC" -show 2>/dev/null | tr -s ' ' | md5sum | cut -c1-8)
-mpi_version=$(mpichversion 2>/dev/null | head -1 | tr -cd '[:alnum:].' || true)
-key_of() { printf '%s' "$*" | md5sum | cut -c1-12; }
+. "$repo/tools/build-keys.sh"  # py_tag, mpi_id, mpi_version, key_of
 mpi4py_key="mpi4py-$MPI4PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $mpi_version")"
 h5py_key="h5py-$H5PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $hdf5_setting $mpi4py_key")"
 adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF")"
