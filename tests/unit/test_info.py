@@ -2,7 +2,6 @@
 
 import json
 import shutil
-import subprocess
 
 import adios2
 import h5py
@@ -14,6 +13,7 @@ from hpckpt.cli import main
 from hpckpt.cli.environment import MPICH, OPEN_MPI, backend_report, mpi_family, process_report
 from hpckpt.cli.info import render, summarise
 from hpckpt.storage import backend_names, open_backend
+from tests.processes import run_group
 
 OPEN_MPI_LIBRARY = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11"
 
@@ -39,7 +39,7 @@ def test_reports_the_mpi_library_and_the_io_libraries_of_this_process():
 
 
 def test_mpiexec_on_path_is_told_apart_by_its_family():
-    version = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30)
+    version = run_group(["mpiexec", "--version"], timeout=30)
     assert mpi_family(version.stdout) == MPICH == mpi_family(MPI.Get_library_version())
     assert process_report()["mpi"]["mpiexec"]["family"] == MPICH
     assert process_report()["mpi"]["mpiexec"]["version"].startswith("Hydra ")
