@@ -119,6 +119,7 @@ def main() -> None:
               f"weights {hashlib.sha256(weights).hexdigest()}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
 
 
 if __name__ == "__main__":

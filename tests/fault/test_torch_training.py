@@ -33,10 +33,10 @@ def train(run_dir: Path, *args: str, relaunch: bool = False):
 
 def test_a_killed_transformer_training_resumes_bit_for_bit(tmp_path):
     reference = train(tmp_path / "reference")
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert reference.returncode == 0, (reference.stdout[-2000:], reference.stderr[-3000:])
     (_, expected), = DONE.findall(reference.stdout)
     crashed = train(tmp_path / "crashed", "--crash-at", "25", relaunch=True)
-    assert crashed.returncode == 0, crashed.stderr[-3000:]
+    assert crashed.returncode == 0, (crashed.stdout[-2000:], crashed.stderr[-3000:])
     assert "hpckpt run: attempt 1/3 failed" in crashed.stderr and "attempt 2/3 succeeded" in crashed.stderr
     assert DONE.findall(crashed.stdout) == [("20", expected)]  # step 20: the newest committed before step 25
     listed = run_group(
@@ -58,7 +58,7 @@ def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp
     saved = run_group(
         ["mpiexec", "-n", "2", sys.executable, str(FSDP_JOB), "--save", str(tmp_path)], timeout=JOB_TIMEOUT
     )
-    assert saved.returncode == 0, saved.stderr[-3000:]
+    assert saved.returncode == 0, (saved.stdout[-2000:], saved.stderr[-3000:])
     inspected = run_group(
         [sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "ckpt"), "--json"], timeout=JOB_TIMEOUT
     )
@@ -70,5 +70,5 @@ def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp
     checked = run_group(
         ["mpiexec", "-n", "3", sys.executable, str(FSDP_JOB), "--check", str(tmp_path)], timeout=JOB_TIMEOUT
     )
-    assert checked.returncode == 0, checked.stderr[-3000:]
+    assert checked.returncode == 0, (checked.stdout[-2000:], checked.stderr[-3000:])
     assert "fsdp: restored step 6 on 3 ranks: 16 tensors bit for bit" in checked.stdout

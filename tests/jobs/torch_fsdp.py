@@ -86,6 +86,7 @@ def main() -> int:
                 )
     dist.barrier()  # no rank tears gloo down while another still talks to it
     dist.destroy_process_group()
+    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
     return 0
 
 

@@ -50,6 +50,7 @@ def main() -> int:
               f"local_ranks={','.join(map(str, local_ranks))} saved={','.join(map(str, saved))}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
     return 0
 
 
