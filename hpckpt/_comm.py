@@ -22,6 +22,11 @@ Collective I/O inside a phase (the write) has its own deadline, :func:`io_deadli
 same timeout plus a second per 100 MB this rank writes; a rank still inside it then
 says so and aborts the job (a peer that never joined the collective I/O cannot be
 named from inside it).
+
+A communicator marked with :func:`give_up_at_deadline` (a background saver's, under
+``on_failure="warn"``) never aborts the job: a rank that has waited past the deadline
+raises :class:`DeadlinePassedError` instead, and so does every later phase on it once
+:func:`abandon` has been called (its peers have gone; nothing must wait for them).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
+from ._activity import current
 from .errors import CollectiveError
 
 if TYPE_CHECKING:
@@ -53,6 +59,13 @@ _POLL_MAX = 0.001  # s between tests of the barrier, at most: a late wake-up del
 IO_FLOOR_BANDWIDTH = 100e6  # bytes/s: collective I/O slower than this, past the timeout, counts as hung
 _notices_keyval: int | None = None
 _groups_keyval: int | None = None
+_give_up_keyval: int | None = None
+
+
+class DeadlinePassedError(RuntimeError):
+    """A phase on a communicator marked by :func:`give_up_at_deadline` waited past the
+    deadline, or the communicator was abandoned; this rank does no more phases on it.
+    """
 
 
 def describe_failure(exc: BaseException, rank: int) -> str:
@@ -243,10 +256,51 @@ def _notices(comm: MPI.Comm) -> MPI.Comm:
     return notices
 
 
+def give_up_at_deadline(comm: MPI.Comm) -> None:
+    """Mark ``comm``: a phase on it raises :class:`DeadlinePassedError` after the deadline instead
+    of aborting the job, and io_deadline does not abort either. Not collective: call it
+    on every rank of ``comm`` before its first phase.
+    """
+    from mpi4py import MPI
+
+    global _give_up_keyval
+    if _give_up_keyval is None:
+        _give_up_keyval = MPI.Comm.Create_keyval()
+    comm.Set_attr(_give_up_keyval, threading.Event())
+
+
+def abandon(comm: MPI.Comm) -> None:
+    """Make every phase on ``comm`` (marked by :func:`give_up_at_deadline`) raise
+    :class:`DeadlinePassedError` on this rank, a phase waiting now included. Not collective;
+    thread-safe. ``comm`` must never be used or freed after this: requests may be
+    pending on it.
+    """
+    flag = _gives_up(comm)
+    if flag is None:
+        raise ValueError("abandon() needs a communicator marked by give_up_at_deadline()")
+    flag.set()
+
+
+def gives_up(comm: MPI.Comm) -> bool:
+    """Whether ``comm`` is marked by :func:`give_up_at_deadline`."""
+    return _gives_up(comm) is not None
+
+
+def _gives_up(comm: MPI.Comm) -> threading.Event | None:
+    """The abandonment flag of a communicator marked by :func:`give_up_at_deadline`, else None."""
+    return None if _give_up_keyval is None else cast("threading.Event | None", comm.Get_attr(_give_up_keyval))
+
+
 def await_everyone(comm: MPI.Comm, phase: str) -> None:
     """Return once every rank of ``comm`` has reached this call; abort the job, naming the
     ranks that did not, after the deadline (see the module docstring). Collective.
+
+    On a communicator marked by :func:`give_up_at_deadline`, raise DeadlinePassedError instead
+    of aborting, and at once where it was abandoned.
     """
+    abandoned = _gives_up(comm)
+    if abandoned is not None and abandoned.is_set():
+        raise DeadlinePassedError(f"phase {phase!r} not started: the save was given up")
     timeout = phase_timeout()
     if comm.size == 1 or timeout is None:
         return
@@ -269,6 +323,11 @@ def await_everyone(comm: MPI.Comm, phase: str) -> None:
     pause = 0.0
     while not barrier.Test():
         waited = time.monotonic() - arrived
+        if abandoned is not None and (waited > timeout or abandoned.is_set()):
+            abandoned.set()  # its requests stay pending: no later phase may run on comm
+            raise DeadlinePassedError(f"phase {phase!r}: not every rank arrived within {timeout:g} s "
+                                 f"(waited {waited:.0f} s on {socket.gethostname()}, rank {comm.rank}); "
+                                 "this save is given up")
         if forward and MPI.Request.Testall(from_members):
             sent.append(notices.Isend([flag, MPI.BYTE], dest=0, tag=_ARRIVAL_TAG))
             forward = False
@@ -314,16 +373,24 @@ def _unheard(leaders: list[int], size: int) -> str:
 def io_deadline(comm: MPI.Comm, phase: str, nbytes: int) -> Iterator[None]:
     """Abort the job, saying where, if the block takes longer than the phase timeout plus
     ``nbytes`` at :data:`IO_FLOOR_BANDWIDTH` (a peer that never joined the collective I/O
-    inside it). Not collective; a no-op on one rank or with the watchdog off.
+    inside it). The message names what this thread was doing (its
+    :class:`~hpckpt._activity.Activity`: file, bytes so far). Not collective; a no-op on
+    one rank or with the watchdog off.
     """
     timeout = phase_timeout()
     if comm.size == 1 or timeout is None:
         yield
         return
     deadline = timeout + nbytes / IO_FLOOR_BANDWIDTH
-    what = ("this rank is still inside the phase's collective I/O, "
-            "which another rank has not joined or finished")
-    timer = threading.Timer(deadline, _abort_waiting, (comm, phase, deadline, what))
+    writer = current()
+
+    def give_up() -> None:
+        what = (f"this rank's storage has not finished its I/O ({writer.describe()})" if writer.path else
+                "this rank is still inside the phase's collective I/O, "
+                "which another rank has not joined or finished")
+        _abort_waiting(comm, phase, deadline, what)
+
+    timer = threading.Timer(deadline, give_up)
     timer.daemon = True
     timer.start()
     try:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mpi4py import MPI
     from typing_extensions import Unpack
 
+    from .engines.failures import SaveFailure
     from .options import OptionKeywords
     from .protocols.save import SaveReport
 
@@ -133,7 +134,11 @@ class Checkpointer(Restoring):
         ------
         CollectiveError
             On every rank, when any rank failed (this save, or an earlier non-blocking
-            one); the previous committed step is kept.
+            one); the previous committed step is kept. With ``on_failure="warn"`` the
+            failure is recorded in :attr:`failures` instead, and None is returned.
+        SaveFailuresError
+            With ``on_failure="warn"``, on every rank, when ``max_failed_saves`` saves in
+            a row did not commit.
         InvalidStateError
             On every rank, when the tree or the ranks' boxes are malformed.
         """
@@ -197,6 +202,13 @@ class Checkpointer(Restoring):
     def last_save(self) -> SaveReport | None:
         """The report of the last committed save."""
         return self.stats.last_save
+
+    @property
+    def failures(self) -> list[SaveFailure]:
+        """The saves that did not commit under ``on_failure="warn"`` (failed, abandoned or
+        skipped), oldest first; the same on every rank of a coordinated job.
+        """
+        return list(self.stats.failures)
 
     @property
     def saves(self) -> int:

@@ -63,6 +63,12 @@ class CollectiveError(HpckptError, RuntimeError):
         return (type(self), (self.phase, self.failures, self.size))
 
 
+class SaveFailuresError(HpckptError, RuntimeError):
+    """With ``on_failure="warn"``: too many saves in a row failed or were skipped
+    (``max_failed_saves``); raised on every rank, naming each of them.
+    """
+
+
 class UlfmUnavailableError(HpckptError, RuntimeError):
     """``recovery="ulfm"`` was asked for, but this MPI cannot recover from process failures in-job."""
 
@@ -74,6 +80,12 @@ class PickleWarning(UserWarning):
 class CheckpointFallbackWarning(UserWarning):
     """The newest committed step failed verification, or node-local steps were written by
     a job of another rank count or node layout; an older step is used instead.
+    """
+
+
+class SaveFailedWarning(UserWarning):
+    """With ``on_failure="warn"``: a save failed, was abandoned or was skipped; the
+    application goes on from its committed steps (see ``Checkpointer.failures``).
     """
 
 

@@ -30,6 +30,8 @@ from .storage.retention import KeepBest, KeepNewest, RetentionPolicy
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+ON_FAILURE = ("raise", "warn")
+
 
 def _repairable(name: str) -> bool:
     """Whether the backend registered as ``name`` can save over a communicator ULFM repaired."""
@@ -126,12 +128,21 @@ class Options:
     recovery: str | None = None
     durable_determinants: bool = False
     max_in_flight: int = 1
+    max_staging_bytes: int | None = None
     schedule: Schedule | None = None
+    on_failure: str = "raise"
+    max_failed_saves: int = 5
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; available: {', '.join(PROTOCOLS)}")
         require_count(self.max_in_flight, "max_in_flight", 1)
+        if self.max_staging_bytes is not None:
+            require_count(self.max_staging_bytes, "max_staging_bytes", 1, meaning="bytes, or None: no budget")
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(f"on_failure must be one of {', '.join(map(repr, ON_FAILURE))}, "
+                             f"got {self.on_failure!r}")
+        require_count(self.max_failed_saves, "max_failed_saves", 1)
         if self.schedule is not None and not isinstance(self.schedule, Schedule):
             raise ValueError(f"schedule must be an hpckpt.Schedule, got {self.schedule!r}")
         coordinated_only = [name for name, used in (
@@ -212,6 +223,19 @@ class OptionKeywords(TypedDict, total=False):
     max_in_flight
         Most asynchronous saves (``blocking=False``) queued or running at once; each
         holds one copy of the state in host memory (default 1).
+    max_staging_bytes
+        The most host memory that non-blocking saves and flushes of a node-local level
+        hold for their copies of the state (default None: no budget, each save in
+        flight holds one copy). A save whose copy does not fit is staged and written
+        in parts, blocking longer (docs/reliability.md).
+    on_failure
+        What a failed save does: ``"raise"`` (default) raises the error on every rank;
+        ``"warn"`` records it (``Checkpointer.failures``, the same on every rank), warns
+        on rank 0 and lets the application go on, the committed steps untouched; a
+        save that cannot start because the storage is stuck is skipped and recorded.
+    max_failed_saves
+        With ``on_failure="warn"``: after this many failed or skipped saves in a row
+        (default 5), the next failure raises :class:`~hpckpt.SaveFailuresError`.
     local_dir, redundancy, group_size, flush_every
         Multi-level (coordinated only): every save goes to node-local storage under
         ``local_dir`` (``"default"``: ``/dev/shm/hpckpt-<hash of directory>``) with
@@ -249,6 +273,9 @@ class OptionKeywords(TypedDict, total=False):
     best: str
     durable_determinants: bool
     max_in_flight: int
+    max_staging_bytes: int | None
+    on_failure: str
+    max_failed_saves: int
     local_dir: str | os.PathLike[str] | None
     redundancy: str | None
     group_size: int

@@ -7,15 +7,16 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._comm import run_phase
-from ..errors import PickleWarning, UnsafeLoadError
+from ..errors import CollectiveError, PickleWarning, UnsafeLoadError
 from ..model.leaves import Pickled
 from ..model.tree import flatten
 from ..protocols.restore import RestoreChoice, Restored
 from ..protocols.save import SaveReport
+from .failures import FailurePolicy, SaveFailure
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -25,11 +26,14 @@ if TYPE_CHECKING:
     from ..storage.commit import RunDirectory
     from .background import SaveHandle
 
+T = TypeVar("T")
+
 
 @dataclass
 class SaveStats:
-    """What the saves of one Checkpointer cost (the last report, how many, how long) and
-    where its last restore read from.
+    """What the saves of one Checkpointer cost (the last report, how many, how long), the
+    saves that did not commit under ``on_failure="warn"``, and where its last restore
+    read from.
     """
 
     last_save: SaveReport | None = None
@@ -37,12 +41,15 @@ class SaveStats:
     save_seconds: float = 0.0
     snapshot_seconds: float = 0.0  # how long the last non-blocking save blocked the caller
     restored_level: str | None = None  # multi-level: which level the last restore read
+    failures: list[SaveFailure] = field(default_factory=list)  # oldest first
+    failed_in_a_row: int = 0  # failed or skipped since the last committed save
 
     def record(self, report: SaveReport) -> None:
         """Count one committed save."""
         self.last_save = report
         self.saves += 1
         self.save_seconds += sum(report.seconds.values())
+        self.failed_in_a_row = 0
 
 
 class Engine:
@@ -60,6 +67,7 @@ class Engine:
     def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
         self.control, self.run_dir, self.backend, self.options = control, run_dir, backend, options
         self.stats = SaveStats()
+        self.failures = FailurePolicy(options.on_failure, options.max_failed_saves, control.rank, self.stats)
 
     @property
     def comm(self) -> Any:
@@ -110,6 +118,16 @@ class Engine:
     def _unpickle(self, step: int, unpickle: Callable[[], None]) -> None:
         run_phase(self.control, f"restore step {step}: unpickle", unpickle)
 
+    def _unless_failed(self, step: int, save: Callable[[], T]) -> T | None:
+        """``save()``, or None where it raised a CollectiveError that the failure policy
+        records (``on_failure="warn"``); raised otherwise.
+        """
+        try:
+            return save()
+        except CollectiveError as exc:
+            self.failures.failed(step, exc)
+            return None
+
     def _saved(self, started: float) -> None:
         """Tell the schedule what a save cost the application, from ``started`` on."""
         if self.options.schedule is not None:
@@ -132,6 +150,7 @@ class Engine:
     def reattach(self, control: MPI.Comm) -> None:
         """Go on over the repaired communicator ``control``. Collective over it."""
         self.control = control
+        self.failures.rank = control.rank
 
     def close(self, *, drain: bool) -> None:
         """Release what the engine holds; ``drain`` first finishes its collective work.

@@ -41,7 +41,9 @@ class CoordinatedEngine(Engine):
             return self._save_in_background(step, state, metric, base)
         self.settle(wait=True)
         started = time.perf_counter()
-        self.stats.record(self.commit_step(self.control, step, state, metric, base))
+        report = self._unless_failed(step, lambda: self.commit_step(self.control, step, state, metric, base))
+        if report is not None:
+            self.stats.record(report)
         self._saved(started)
         return None
 
@@ -55,12 +57,12 @@ class CoordinatedEngine(Engine):
 
     def _save_in_background(
         self, step: int, state: Any, metric: float | None, base: int | None = None
-    ) -> SaveHandle:
+    ) -> SaveHandle | None:
         if self.options.recovery is not None:
             raise ValueError("blocking=False is not available with recovery='ulfm' "
                              "(a background save cannot be repaired)")
         if self._background is None:
-            self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.stats)
+            self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.failures)
         handle = self._background.submit(
             step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base))
         if self.options.schedule is not None:
@@ -77,7 +79,7 @@ class CoordinatedEngine(Engine):
 
     def buffer_bytes(self) -> int:
         """Host memory held by idle snapshot buffers of non-blocking saves."""
-        return 0 if self._background is None else self._background.saver.buffer_bytes()
+        return 0 if self._background is None else self._background.buffer_bytes()
 
     def steps(self) -> list[int]:
         """The committed steps, oldest first, once finished non-blocking saves are reported. Collective."""

@@ -53,16 +53,22 @@ class MultiLevelEngine(CoordinatedEngine):
         if base is not None:
             raise ValueError("save(base=...) works with the coordinated protocol "
                              "without a node-local level only")
-        self.settle(wait=True)
+        # under on_failure="warn" a flush runs on behind the local saves (its storage may be stuck)
+        self.settle(wait=not self.failures.warns)
         started = time.perf_counter()
-        self.stats.record(self._local.save(step, state, metric))
-        self._local_saves += 1
+        local = self._unless_failed(step, lambda: self._local.save(step, state, metric))
         self._saved(started)
+        if local is None:
+            return None
+        self.stats.record(local)
+        self._local_saves += 1
         flush_every = self._levels.flush_every
         if not flush_every or self._local_saves % flush_every:
             return None
         if self.options.recovery is not None:  # a flush in a background thread could not be repaired
-            self.stats.record(self.commit_step(self.control, step, state, metric))
+            flushed = self._unless_failed(step, lambda: self.commit_step(self.control, step, state, metric))
+            if flushed is not None:
+                self.stats.record(flushed)
             return None
         return self._save_in_background(step, state, metric)
 

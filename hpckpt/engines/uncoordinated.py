@@ -44,6 +44,7 @@ class UncoordinatedEngine(Engine):
 
     def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
         super().__init__(control, run_dir, backend, options)
+        self.failures.rank = 0  # each rank saves alone: it warns of its own failed saves
         self._rank = UncoordinatedRank(control, run_dir.root, backend, options.retention.keep,
                                        durable_determinants=options.durable_determinants)
 
@@ -64,7 +65,9 @@ class UncoordinatedEngine(Engine):
             raise ValueError("save(base=...) works with the coordinated protocol "
                              "without a node-local level only")
         started = time.perf_counter()
-        self.stats.record(self._rank.save(step, state))
+        report = self._unless_failed(step, lambda: self._rank.save(step, state))
+        if report is not None:
+            self.stats.record(report)
         self._saved(started)
         return None
 

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._comm import prepare_watchdog
+from .._activity import of_thread
+from .._comm import DeadlinePassedError, abandon, give_up_at_deadline, prepare_watchdog
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
 from ..buffers.host import aligned_empty, as_host_array
@@ -104,10 +105,12 @@ class BackgroundSaver:
     """A worker thread that runs queued saves in order over its own communicator.
 
     Created collectively (it duplicates ``comm``); requires MPI initialised with
-    ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default.
+    ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default. With ``give_up``, a save
+    whose phase waits past the deadline raises :class:`~hpckpt._comm.DeadlinePassedError`
+    instead of aborting the job, and :meth:`abandon` retires the whole saver.
     """
 
-    def __init__(self, comm: MPI.Comm, max_in_flight: int) -> None:
+    def __init__(self, comm: MPI.Comm, max_in_flight: int, *, give_up: bool = False) -> None:
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -120,6 +123,10 @@ class BackgroundSaver:
         # the GIL held: done here, on the application thread, never in the worker.
         self.comm.allreduce(0)
         prepare_watchdog(self.comm)  # the phases' arrival notices travel on a duplicate of it
+        if give_up:
+            give_up_at_deadline(self.comm)
+        self.gave_up = threading.Event()  # set once a save here raised DeadlinePassedError
+        self._abandoned = threading.Event()
         self._buffer_sets: queue.Queue[dict[str, np.ndarray]] = queue.Queue()
         for _ in range(max_in_flight):
             self._buffer_sets.put({})
@@ -145,13 +152,27 @@ class BackgroundSaver:
         """Host memory held by the snapshot buffers not in use right now (a lower bound)."""
         return sum(sum(b.nbytes for b in buffers.values()) for buffers in list(self._buffer_sets.queue))
 
-    def stage(self, state: Any) -> tuple[Any, dict[str, np.ndarray]]:
-        """Copy ``state`` into a free buffer set. Not collective.
+    def acquire(self, timeout: float | None = None) -> dict[str, np.ndarray] | None:
+        """A free buffer set, waiting at most ``timeout`` seconds (None: as long as it
+        takes) while ``max_in_flight`` saves are queued or running; None if none came.
+        Not collective.
+        """
+        try:
+            return self._buffer_sets.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stage(
+        self, state: Any, buffers: dict[str, np.ndarray] | None = None
+    ) -> tuple[Any, dict[str, np.ndarray]]:
+        """Copy ``state`` into ``buffers`` (from :meth:`acquire`), or a free buffer set. Not collective.
 
         Blocks while ``max_in_flight`` saves are queued or running. Pass the result to
-        :meth:`enqueue`, or to :meth:`release` if the save is called off.
+        :meth:`enqueue`, or to :meth:`release` if the save is called off; on an error
+        the buffer set is released here.
         """
-        buffers = self._buffer_sets.get()
+        if buffers is None:
+            buffers = self._buffer_sets.get()
         copies: list[HostCopy] = []
         try:
             try:
@@ -184,20 +205,50 @@ class BackgroundSaver:
             if job is None:
                 return
             index, save, buffers = job
-            try:
-                result: SaveReport | BaseException = save(self.comm)
-            except BaseException as exc:  # noqa: BLE001 - handed to the application thread
-                result = exc
+            result: SaveReport | BaseException
+            if self._abandoned.is_set():
+                result = DeadlinePassedError("not started: an earlier save was given up")
+            else:
+                try:
+                    result = save(self.comm)
+                except BaseException as exc:  # noqa: BLE001 - handed to the application thread
+                    result = exc
+                if isinstance(result, DeadlinePassedError):
+                    self.gave_up.set()
             with self._changed:
                 self._results[index] = result
                 self._finished = index + 1
                 self._changed.notify_all()
             self._buffer_sets.put(buffers)
 
-    def wait_until(self, count: int) -> None:
-        """Block until this rank's worker has finished the first ``count`` saves."""
+    def wait_until(self, count: int, timeout: float | None = None) -> bool:
+        """Block until this rank's worker has finished the first ``count`` saves, or
+        ``timeout`` seconds have passed; whether it has.
+        """
         with self._changed:
-            self._changed.wait_for(lambda: self._finished >= count)
+            return self._changed.wait_for(lambda: self._finished >= count, timeout)
+
+    def activity(self) -> tuple[str, str] | None:
+        """Where the worker is, when inside a save: its phase, and a line that names the
+        phase, the file and the bytes so far; else None.
+        """
+        if self.finished >= self.submitted:
+            return None
+        found = of_thread(self._thread.ident)
+        return None if found is None else (found.phase, found.describe())
+
+    def alive(self) -> bool:
+        """Whether the worker thread still runs (an abandoned one: until its storage answers)."""
+        return self._thread.is_alive()
+
+    def abandon(self) -> None:
+        """Give up this saver on this rank: a save it runs stops at its next phase, queued
+        ones do not start, and the thread ends then (its buffers with it). Not collective;
+        its communicator is never freed (requests may be pending on it).
+        """
+        self._abandoned.set()
+        abandon(self.comm)
+        self._jobs.put(None)
 
     def result(self, index: int) -> SaveReport | BaseException | None:
         """What save ``index`` ended with (None while it runs)."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from .._activity import current
 from .._hooks import point
 from ..checksum import file_checksum
 from ..errors import CorruptCheckpointError, InvalidStateError, NoSpaceError
@@ -90,6 +91,7 @@ def sync_files(directory: Path, names: Iterable[str]) -> dict[str, int]:
         path = directory / name
         if path.is_dir():
             continue
+        current().enter_file(str(path))
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -36,6 +36,7 @@ from queue import SimpleQueue
 
 import numpy as np
 
+from .._activity import current
 from ..buffers.host import PAGE, AlignedPool
 
 ALIGNMENT = PAGE  # file offsets, lengths and memory of direct writes (>= the 512 bytes of most disks)
@@ -56,6 +57,7 @@ def write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: b
     Returns the bytes written with direct I/O. ``direct=False`` writes everything
     through the page cache. The caller fsyncs ``path`` afterwards. Not collective.
     """
+    current().enter_file(str(path))
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     direct_descriptor = -1
     direct_bytes = 0
@@ -126,6 +128,7 @@ def _write_direct(descriptor: int, view: memoryview, offset: int) -> bool:
         if exc.errno == errno.EINVAL:
             return False
         raise
+    current().written += len(view)
     return True
 
 
@@ -201,8 +204,10 @@ def _contiguous_runs(pieces: Sequence[tuple[int, memoryview]]) -> list[tuple[int
 def _pwritev_all(descriptor: int, views: list[memoryview], offset: int) -> None:
     """Write ``views`` one after the other from ``offset`` (``pwritev``, resumed after short writes)."""
     first = 0
+    activity = current()
     while first < len(views):
         done = os.pwritev(descriptor, views[first:], offset)
+        activity.written += done
         offset += done
         while first < len(views) and done >= len(views[first]):
             done -= len(views[first])

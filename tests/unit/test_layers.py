@@ -14,7 +14,8 @@ LAYERS = [  # lowest first; a module's layer is the longest prefix listed
     (
         "base",
         [
-            "hpckpt._checks", "hpckpt._hooks", "hpckpt._gc", "hpckpt.errors", "hpckpt.checksum",
+            "hpckpt._activity", "hpckpt._checks", "hpckpt._hooks", "hpckpt._gc", "hpckpt.errors",
+            "hpckpt.checksum",
             "hpckpt._comm", "hpckpt.progress", "hpckpt.schedule", "hpckpt.slurm",
         ],
     ),

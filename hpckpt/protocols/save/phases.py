@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..._activity import current, new_save
 from ..._comm import run_phase
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class PhaseRunner:
         self.comm = comm
         self.prefix = prefix
         self.seconds: dict[str, float] = {}
+        new_save()  # this thread's activity, read where the storage stops answering
 
     def name(self, phase: str) -> str:
         """The full name of ``phase`` (``save step N: phase``)."""
@@ -45,6 +47,7 @@ class PhaseRunner:
         returns what that collective gives this rank).
         """
         start = time.perf_counter()
+        current().enter_phase(self.name(phase))
         try:
             return agree(self.comm, self.name(phase), action)
         finally:
