@@ -64,9 +64,11 @@ class BackgroundSaves:
     engine's :class:`~hpckpt.engines.failures.FailurePolicy` (see the module docstring).
     """
 
-    def __init__(self, comm: MPI.Comm, max_in_flight: int, failures: FailurePolicy) -> None:
+    def __init__(
+        self, comm: MPI.Comm, max_in_flight: int, failures: FailurePolicy, budget: int | None = None
+    ) -> None:
         self.comm, self.failures, self.stats = comm, failures, failures.stats
-        self.max_in_flight = max_in_flight
+        self.max_in_flight, self.budget = max_in_flight, budget
         self.gives_up = failures.warns and phase_timeout() is not None
         self.saver: BackgroundSaver | None = self._new_saver()
         self._steps: list[int] = []  # the step of each save of self.saver, by index
@@ -74,7 +76,7 @@ class BackgroundSaves:
         self._retired: list[BackgroundSaver] = []  # abandoned savers whose thread may still run
 
     def _new_saver(self) -> BackgroundSaver:
-        return BackgroundSaver(self.comm, self.max_in_flight, give_up=self.gives_up)
+        return BackgroundSaver(self.comm, self.max_in_flight, give_up=self.gives_up, budget=self.budget)
 
     def submit(self, step: int, state: Any, commit: CommitJob) -> SaveHandle | None:
         """Snapshot ``state`` (an agreed phase) and queue ``commit`` of the snapshot.
@@ -101,6 +103,7 @@ class BackgroundSaves:
         index = saver.enqueue(lambda comm: commit(comm, frozen), held)
         self._steps.append(step)
         self.stats.snapshot_seconds = time.perf_counter() - started
+        self.stats.staging_peak_bytes = max(self.stats.staging_peak_bytes, saver.peak_bytes)
         return SaveHandle(self, saver, index, step)
 
     def _start(self, step: int) -> dict | None:

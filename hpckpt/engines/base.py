@@ -40,6 +40,8 @@ class SaveStats:
     saves: int = 0
     save_seconds: float = 0.0
     snapshot_seconds: float = 0.0  # how long the last non-blocking save blocked the caller
+    staging_peak_bytes: int = 0  # the most host memory this rank's snapshot buffers held at once
+    saves_over_budget: int = 0  # non-blocking saves made blocking: their snapshot exceeded max_staging_bytes
     restored_level: str | None = None  # multi-level: which level the last restore read
     failures: list[SaveFailure] = field(default_factory=list)  # oldest first
     failed_in_a_row: int = 0  # failed or skipped since the last committed save

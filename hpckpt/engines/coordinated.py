@@ -2,7 +2,10 @@
 
 Every method is collective over the engine's communicator: each rank calls it in the
 same order with the same step (and each its own state). Saves are blocking, or
-non-blocking (``blocking=False``, :mod:`hpckpt.engines.background`).
+non-blocking (``blocking=False``, :mod:`hpckpt.engines.background`). With a staging
+budget (``max_staging_bytes``), a non-blocking save whose snapshot would exceed it on
+some rank is made blocking on every rank, written straight from the application's
+arrays (counted in :attr:`~hpckpt.engines.base.SaveStats.saves_over_budget`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._comm import run_phase
+from ..protocols.background import staging_bytes
 from ..protocols.restore import RestoreChoice, Restored, list_committed_steps, restore_newest
 from ..protocols.save import LayoutMemory, SaveReport, SaveRequest, StepSaver
 from .background import BackgroundSaves, SaveHandle
@@ -39,13 +44,17 @@ class CoordinatedEngine(Engine):
         """Save and commit ``state`` as ``step``, blocking or in the background. Collective."""
         if not blocking:
             return self._save_in_background(step, state, metric, base)
+        self._save_blocking(step, state, metric, base)
+        return None
+
+    def _save_blocking(self, step: int, state: Any, metric: float | None, base: int | None) -> None:
+        """Finish the saves in flight, then save and commit ``step`` over ``control``. Collective."""
         self.settle(wait=True)
         started = time.perf_counter()
         report = self._unless_failed(step, lambda: self.commit_step(self.control, step, state, metric, base))
         if report is not None:
             self.stats.record(report)
         self._saved(started)
-        return None
 
     def commit_step(
         self, comm: MPI.Comm, step: int, state: Any, metric: float | None, base: int | None = None
@@ -61,13 +70,31 @@ class CoordinatedEngine(Engine):
         if self.options.recovery is not None:
             raise ValueError("blocking=False is not available with recovery='ulfm' "
                              "(a background save cannot be repaired)")
+        budget = self.options.max_staging_bytes
+        if budget is not None:
+            over = self._unless_failed(step, lambda: self._over_budget(step, state, budget))
+            if over is None:
+                return None
+            if over:  # written from the application's arrays, blocking: nothing staged
+                self.stats.saves_over_budget += 1
+                self._save_blocking(step, state, metric, base)
+                return None
         if self._background is None:
-            self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.failures)
+            self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.failures,
+                                               budget)
         handle = self._background.submit(
             step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base))
         if self.options.schedule is not None:
             self.options.schedule.saved(self.stats.snapshot_seconds)
         return handle
+
+    def _over_budget(self, step: int, state: Any, budget: int) -> bool:
+        """Whether the snapshot of ``state`` on some rank would exceed ``budget``. Collective."""
+        from mpi4py import MPI
+
+        mine = run_phase(self.control, f"save step {step}: staging budget",
+                         lambda: staging_bytes(state) > budget)
+        return bool(self.control.allreduce(mine, op=MPI.LOR))
 
     def settle(self, *, wait: bool = False) -> None:
         """Report the non-blocking saves finished on every rank; raise the first failure.

@@ -15,7 +15,11 @@ too: hdf5 writes with ``pwrite`` after a broadcast, ADIOS2 is called through its
 thread that waits in MPI holding the GIL (mpi4py does while duplicating a context) can
 therefore only delay the worker, never stop its peers' workers from finishing. At most
 ``max_in_flight`` saves are queued or running; a further save waits for a buffer set,
-so the extra memory is at most ``max_in_flight`` copies of the state.
+so the extra memory is at most ``max_in_flight`` copies of the state. With a budget
+(``max_staging_bytes``) the buffers of every set together never exceed it: idle sets
+are emptied first, then the snapshot waits for saves in flight to give theirs back
+(:meth:`BackgroundSaver.stage`); a state larger than the budget is not staged at all
+(the engine saves it blocking, see :mod:`hpckpt.engines.coordinated`).
 
 Errors: every phase of a save agrees across ranks, so a failed background save fails
 with the same error on every rank's worker. The :class:`~hpckpt.Checkpointer` raises
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +50,24 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
 SaveJob = Callable[["MPI.Comm"], SaveReport]
+
+
+def staging_bytes(state: Any) -> int:
+    """The host bytes a snapshot of ``state`` takes: every array leaf's (a pickled leaf's
+    pickle). Raises InvalidStateError for a leaf that cannot be saved.
+    """
+    total = 0
+    for slot in flatten(state):
+        leaf = slot.value
+        if isinstance(leaf, Pickled):
+            total += len(leaf.pickle())
+        elif isinstance(leaf, ARRAY_LEAF_TYPES):
+            if is_device_array(leaf.array):
+                shape, dtype = device_layout(leaf.array, slot.path)
+                total += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            else:
+                total += as_host_array(leaf.array, slot.path).nbytes
+    return total
 
 
 def snapshot(state: Any, buffers: dict[str, np.ndarray], copies: list[HostCopy]) -> Any:
@@ -110,7 +133,9 @@ class BackgroundSaver:
     instead of aborting the job, and :meth:`abandon` retires the whole saver.
     """
 
-    def __init__(self, comm: MPI.Comm, max_in_flight: int, *, give_up: bool = False) -> None:
+    def __init__(
+        self, comm: MPI.Comm, max_in_flight: int, *, give_up: bool = False, budget: int | None = None
+    ) -> None:
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
@@ -127,9 +152,12 @@ class BackgroundSaver:
             give_up_at_deadline(self.comm)
         self.gave_up = threading.Event()  # set once a save here raised DeadlinePassedError
         self._abandoned = threading.Event()
+        self.budget = budget
+        self.peak_bytes = 0  # the most the buffer sets held together, after a snapshot
+        self._sets: list[dict[str, np.ndarray]] = [{} for _ in range(max_in_flight)]
         self._buffer_sets: queue.Queue[dict[str, np.ndarray]] = queue.Queue()
-        for _ in range(max_in_flight):
-            self._buffer_sets.put({})
+        for buffers in self._sets:
+            self._buffer_sets.put(buffers)
         self._jobs: queue.Queue[tuple[int, SaveJob, dict[str, np.ndarray]] | None] = queue.Queue()
         self._results: list[SaveReport | BaseException | None] = []
         self._finished = 0
@@ -150,7 +178,27 @@ class BackgroundSaver:
 
     def buffer_bytes(self) -> int:
         """Host memory held by the snapshot buffers not in use right now (a lower bound)."""
-        return sum(sum(b.nbytes for b in buffers.values()) for buffers in list(self._buffer_sets.queue))
+        return sum(_set_bytes(buffers) for buffers in list(self._buffer_sets.queue))
+
+    def held_bytes(self) -> int:
+        """Host memory held by every buffer set, in use or not."""
+        return sum(_set_bytes(buffers) for buffers in self._sets)
+
+    def _make_room(self, mine: dict[str, np.ndarray], needed: int) -> None:
+        """Empty idle buffer sets, then wait for saves in flight to give theirs back, until
+        ``needed`` bytes in ``mine`` keep every set within the budget (``needed`` is at
+        most the budget).
+        """
+        assert self.budget is not None
+        if _set_bytes(mine) != needed:  # buffers of another state: reallocated, not held twice
+            mine.clear()
+        while True:
+            for idle in list(self._buffer_sets.queue):
+                idle.clear()
+            others = sum(_set_bytes(buffers) for buffers in self._sets if buffers is not mine)
+            if others + needed <= self.budget:
+                return
+            self.wait_until(self.finished + 1)  # a save in flight ends and gives its set back
 
     def acquire(self, timeout: float | None = None) -> dict[str, np.ndarray] | None:
         """A free buffer set, waiting at most ``timeout`` seconds (None: as long as it
@@ -173,6 +221,12 @@ class BackgroundSaver:
         """
         if buffers is None:
             buffers = self._buffer_sets.get()
+        if self.budget is not None:
+            try:
+                self._make_room(buffers, staging_bytes(state))
+            except BaseException:
+                self._buffer_sets.put(buffers)
+                raise
         copies: list[HostCopy] = []
         try:
             try:
@@ -183,6 +237,7 @@ class BackgroundSaver:
         except BaseException:
             self._buffer_sets.put(buffers)
             raise
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes())
         return staged, buffers
 
     def release(self, buffers: dict[str, np.ndarray]) -> None:
@@ -215,11 +270,14 @@ class BackgroundSaver:
                     result = exc
                 if isinstance(result, DeadlinePassedError):
                     self.gave_up.set()
+                if isinstance(result, BaseException):  # its frames would keep the snapshot alive
+                    traceback.clear_frames(result.__traceback__)
+            del job, save  # the snapshot's arrays go with their buffer set, nowhere else
+            self._buffer_sets.put(buffers)  # before the count: a waiting snapshot finds it back
             with self._changed:
                 self._results[index] = result
                 self._finished = index + 1
                 self._changed.notify_all()
-            self._buffer_sets.put(buffers)
 
     def wait_until(self, count: int, timeout: float | None = None) -> bool:
         """Block until this rank's worker has finished the first ``count`` saves, or
@@ -259,3 +317,7 @@ class BackgroundSaver:
         self._jobs.put(None)
         self._thread.join()
         self.comm.Free()
+
+
+def _set_bytes(buffers: dict[str, np.ndarray]) -> int:
+    return sum(buffer.nbytes for buffer in list(buffers.values()))

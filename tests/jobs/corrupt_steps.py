@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tests.helpers import BACKEND_VARIANTS
+from tests.memory import peak_rss_kib, reset_peak_rss
 
 CHECK_SECONDS = 20  # a check that takes longer is a hang: faulthandler ends the process
 _MASKS = (0x01, 0x80, 0xFF, 0x10, 0x04, 0x40, 0x02, 0x20, 0x08)  # the byte is XORed with one, by position
@@ -118,18 +119,6 @@ class Damage:
 
     def __exit__(self, *exc: object) -> None:
         self.path.write_bytes(self.original)
-
-
-def peak_rss_kib() -> int:
-    """VmHWM of this process."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def reset_peak_rss() -> None:
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def check(run_dir: Path, options: dict[str, Any]) -> tuple[str, str]:
