@@ -370,12 +370,16 @@ def _unheard(leaders: list[int], size: int) -> str:
 
 
 @contextmanager
-def io_deadline(comm: MPI.Comm, phase: str, nbytes: int) -> Iterator[None]:
+def io_deadline(comm: MPI.Comm, phase: str, nbytes: int, *, abort: bool = True) -> Iterator[None]:
     """Abort the job, saying where, if the block takes longer than the phase timeout plus
     ``nbytes`` at :data:`IO_FLOOR_BANDWIDTH` (a peer that never joined the collective I/O
     inside it). The message names what this thread was doing (its
-    :class:`~hpckpt._activity.Activity`: file, bytes so far). Not collective; a no-op on
-    one rank or with the watchdog off.
+    :class:`~hpckpt._activity.Activity`: file, bytes so far).
+
+    At half the timeout, a thread still inside a file says so on stderr (rank, host,
+    file, bytes so far), so that a stuck storage target is named before any peer's
+    watchdog ends the job; with ``abort=False`` that notice is all. Not collective; a
+    no-op on one rank or with the watchdog off.
     """
     timeout = phase_timeout()
     if comm.size == 1 or timeout is None:
@@ -384,19 +388,29 @@ def io_deadline(comm: MPI.Comm, phase: str, nbytes: int) -> Iterator[None]:
     deadline = timeout + nbytes / IO_FLOOR_BANDWIDTH
     writer = current()
 
+    def notice() -> None:
+        if writer.path:
+            print(f"hpckpt: phase {phase!r}: rank {comm.rank}'s I/O has not returned after "
+                  f"{timeout / 2:.0f} s ({writer.describe()})", file=sys.stderr, flush=True)
+
+    timers = [threading.Timer(timeout / 2, notice)]
+
     def give_up() -> None:
         what = (f"this rank's storage has not finished its I/O ({writer.describe()})" if writer.path else
                 "this rank is still inside the phase's collective I/O, "
                 "which another rank has not joined or finished")
         _abort_waiting(comm, phase, deadline, what)
 
-    timer = threading.Timer(deadline, give_up)
-    timer.daemon = True
-    timer.start()
+    if abort:
+        timers.append(threading.Timer(deadline, give_up))
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
     try:
         yield
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
 
 
 def _abort_waiting(comm: MPI.Comm, phase: str, waited: float, what: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import sys
 import time
@@ -54,6 +55,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         dest="background",
         action="store_true",
         help="save without blocking (write and commit in a thread)",
+    )
+    parser.add_argument(
+        "--on-failure",
+        choices=("raise", "warn"),
+        default="raise",
+        help="a failed save: 'raise' ends the job (default); 'warn' records it and goes on",
+    )
+    parser.add_argument(
+        "--max-failed-saves",
+        type=int,
+        default=3,
+        help="with --on-failure warn: failed or skipped saves in a row before the next raises (default 3)",
+    )
+    parser.add_argument(
+        "--progress",
+        help="rank 0 appends 'ITERATION MONOTONIC_SECONDS' to this file after each iteration",
     )
     parser.add_argument(
         "--stop-at-iter",
@@ -139,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     schedule = hpckpt.Schedule(auto=True, mtbf=args.mtbf) if args.mtbf else None
     with hpckpt.Checkpointer(
         args.dir, comm=comm, backend=args.backend, protocol=args.protocol, keep=args.keep, schedule=schedule,
-        recovery="ulfm" if ulfm else None, **levels,
+        recovery="ulfm" if ulfm else None, on_failure=args.on_failure, max_failed_saves=args.max_failed_saves,
+        **levels,
     ) as checkpointer:
         replacement = checkpointer.last_recovery is not None
         if ulfm:  # a replacement process's COMM_WORLD holds only itself
@@ -203,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         log_peak = checkpointer.comm.log_peak_bytes if uncoordinated else 0
         if ulfm:  # the job's communicator is the checkpointer's, so report before closing it
+            report_failures(job_comm(checkpointer, uncoordinated), args, checkpointer.stats.failures)
             report(
                 job_comm(checkpointer, uncoordinated),
                 args,
@@ -214,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log_peak,
             )
             return 0
+    report_failures(comm, args, checkpointer.stats.failures)  # with the failures of the last saves' drain
     report(comm, args, u, resumed, saves, save_seconds, started, log_peak)
     return 0
 
@@ -267,6 +287,9 @@ def iterate(
         if scheduled or stop_reason:
             state["iteration"] = done
             checkpointer.save(done, state, blocking=not args.background)
+        if args.progress and halo_comm.rank == 0:
+            with open(args.progress, "a") as progress:
+                progress.write(f"{done} {time.monotonic():.6f}\n")
         if stop_reason:
             if halo_comm.rank == 0:
                 print(
@@ -275,6 +298,18 @@ def iterate(
                 )
             return 0 if done == args.stop_at_iter else STOPPED_EXIT_CODE
     return None
+
+
+def report_failures(comm, args, failures: Sequence[Any]) -> None:
+    """With ``--on-failure warn``, rank 0 prints the saves that did not commit as one JSON
+    line: ``heat: failures [{"step": ..., "kind": ..., "phase": ..., "ranks": [...], "reason": ...}]``.
+    """
+    if args.on_failure == "warn" and comm.rank == 0:
+        records = [
+            {"step": f.step, "kind": f.kind, "phase": f.phase, "ranks": list(f.ranks), "reason": f.reason}
+            for f in failures
+        ]
+        print(f"heat: failures {json.dumps(records)}", flush=True)
 
 
 def report(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import traceback
-from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from ..._comm import abort_job, await_everyone, describe_failure, gives_up, io_deadline
@@ -34,8 +33,7 @@ def write_step(context: SaveContext, layout: Layout, annotations: Annotations) -
 
     collective = backend.capabilities.collective_write
     # a give-up saver's peers stop waiting for a stuck write; inside collective I/O they cannot
-    deadline = (nullcontext() if gives_up(comm) and not collective
-                else io_deadline(comm, phase, layout.written_bytes()))
+    deadline = io_deadline(comm, phase, layout.written_bytes(), abort=collective or not gives_up(comm))
 
     def write() -> list[str]:
         try:
