@@ -104,3 +104,24 @@ def test_a_resized_cuda_tensor_comes_back_on_its_gpu(tmp_path):
         target = {"p": hpckpt.Local(torch.zeros(2, 3, dtype=saved.dtype, device="cuda"), resizable=True)}
         checkpointer.restore(target)
     assert target["p"].array.device == saved.device and torch.equal(target["p"].array, saved)
+
+
+@pytest.mark.parametrize("budget_mib", [4, 64])
+def test_a_staging_budget_counts_device_arrays_at_their_size(tmp_path, budget_mib):
+    """A non-blocking save of 12 MiB of device arrays: staged under a 64 MiB budget (its
+    snapshot holds exactly their bytes), saved blocking under a 4 MiB one."""
+    saved = make_state(3)
+    staged_bytes = sum(saved[name].array.nbytes for name in DEVICE_LEAVES) + saved["host"].array.nbytes
+    options = {"backend": "posix", "max_staging_bytes": budget_mib << 20}
+    with hpckpt.Checkpointer(tmp_path / "budget", comm=MPI.COMM_SELF, **options) as checkpointer:
+        checkpointer.save(1, saved, blocking=False)
+        checkpointer.wait()
+        stats = checkpointer.stats
+        target = make_state(4)
+        assert checkpointer.restore(target) == 1
+    if budget_mib == 4:
+        assert (stats.saves_over_budget, stats.staging_peak_bytes) == (1, 0)
+    else:
+        assert (stats.saves_over_budget, stats.staging_peak_bytes) == (0, staged_bytes)
+    for name in DEVICE_LEAVES:
+        assert cupy.array_equal(target[name].array, saved[name].array), name

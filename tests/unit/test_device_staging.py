@@ -183,3 +183,23 @@ def test_pinned_buffers_are_kept_for_reuse_until_close(cupy, tmp_path):
         checkpointer.save(3, state, blocking=False).wait()
         assert set(STAGER._pinned) == set(kept)  # a snapshot's pinned buffers belong to its buffer set
     assert STAGER._pinned == {}  # close gives the host memory back
+
+
+@pytest.mark.parametrize("budget", [100_000, 10_000_000])
+def test_a_staging_budget_counts_device_leaves_at_their_size(cupy, tmp_path, budget):
+    """The state's device leaves (a strided view, DLPack-only, a tensor with a gradient)
+    count at their bytes: staged within a large budget, saved blocking over a small one."""
+    saved = make_state(cupy, 3)
+    expected = device_values(cupy, saved)
+    staged_bytes = sum(values.nbytes for values in expected.values()) + saved["host"].array.nbytes
+    options = {"backend": "posix", "max_staging_bytes": budget}
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, **options) as checkpointer:
+        checkpointer.save(1, saved, blocking=False)
+        checkpointer.wait()
+        stats = checkpointer.stats
+        target = make_state(cupy, 4)
+        assert checkpointer.restore(target) == 1
+    over = staged_bytes > budget
+    assert (stats.saves_over_budget, stats.staging_peak_bytes) == (int(over), 0 if over else staged_bytes)
+    restored = device_values(cupy, target)
+    assert all(restored[name].tobytes() == values.tobytes() for name, values in expected.items())
