@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._activity import of_thread
-from .._comm import DeadlinePassedError, abandon, give_up_at_deadline, prepare_watchdog
+from .._comm import DeadlinePassedError, abandon, give_up_at_deadline, phase_timeout, prepare_watchdog
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
 from ..buffers.host import aligned_empty, as_host_array
@@ -148,8 +148,12 @@ class BackgroundSaver:
         # the GIL held: done here, on the application thread, never in the worker.
         self.comm.allreduce(0)
         prepare_watchdog(self.comm)  # the phases' arrival notices travel on a duplicate of it
+        # under give-up nothing waits without bound for a save in flight (its storage may be stuck)
+        self._longest_wait = None
         if give_up:
             give_up_at_deadline(self.comm)
+            timeout = phase_timeout()
+            self._longest_wait = None if timeout is None else timeout / 2
         self.gave_up = threading.Event()  # set once a save here raised DeadlinePassedError
         self._abandoned = threading.Event()
         self.budget = budget
@@ -187,7 +191,7 @@ class BackgroundSaver:
     def _make_room(self, mine: dict[str, np.ndarray], needed: int) -> None:
         """Empty idle buffer sets, then wait for saves in flight to give theirs back, until
         ``needed`` bytes in ``mine`` keep every set within the budget (``needed`` is at
-        most the budget).
+        most the budget). Under give-up, OSError after half the deadline.
         """
         assert self.budget is not None
         if _set_bytes(mine) != needed:  # buffers of another state: reallocated, not held twice
@@ -198,7 +202,10 @@ class BackgroundSaver:
             others = sum(_set_bytes(buffers) for buffers in self._sets if buffers is not mine)
             if others + needed <= self.budget:
                 return
-            self.wait_until(self.finished + 1)  # a save in flight ends and gives its set back
+            # a save in flight ends and gives its set back
+            if not self.wait_until(self.finished + 1, self._longest_wait):
+                raise OSError(f"max_staging_bytes={self.budget}: saves in flight still hold {others} bytes "
+                              f"after {self._longest_wait:g} s")
 
     def acquire(self, timeout: float | None = None) -> dict[str, np.ndarray] | None:
         """A free buffer set, waiting at most ``timeout`` seconds (None: as long as it
