@@ -64,7 +64,7 @@ class CollectiveError(HpckptError, RuntimeError):
 
 
 class SaveFailuresError(HpckptError, RuntimeError):
-    """With ``on_failure="warn"``: too many saves in a row failed or were skipped
+    """With ``on_failure="warn"``: too many saves in a row failed or were abandoned
     (``max_failed_saves``); raised on every rank, naming each of them.
     """
 

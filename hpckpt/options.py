@@ -234,8 +234,9 @@ class OptionKeywords(TypedDict, total=False):
         on rank 0 and lets the application go on, the committed steps untouched; a
         save that cannot start because the storage is stuck is skipped and recorded.
     max_failed_saves
-        With ``on_failure="warn"``: after this many failed or skipped saves in a row
-        (default 5), the next failure raises :class:`~hpckpt.SaveFailuresError`.
+        With ``on_failure="warn"``: after this many failed or abandoned saves in a row
+        (default 5; skipped ones are recorded but not counted), the next one raises
+        :class:`~hpckpt.SaveFailuresError`.
     local_dir, redundancy, group_size, flush_every
         Multi-level (coordinated only): every save goes to node-local storage under
         ``local_dir`` (``"default"``: ``/dev/shm/hpckpt-<hash of directory>``) with

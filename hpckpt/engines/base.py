@@ -44,7 +44,7 @@ class SaveStats:
     saves_over_budget: int = 0  # non-blocking saves made blocking: their snapshot exceeded max_staging_bytes
     restored_level: str | None = None  # multi-level: which level the last restore read
     failures: list[SaveFailure] = field(default_factory=list)  # oldest first
-    failed_in_a_row: int = 0  # failed or skipped since the last committed save
+    failed_in_a_row: int = 0  # failed or abandoned since the last committed save (skipped ones aside)
 
     def record(self, report: SaveReport) -> None:
         """Count one committed save."""

@@ -4,7 +4,7 @@ Every engine hands its save failures to one :class:`FailurePolicy`. Under ``"war
 failure becomes a :class:`SaveFailure` record, the same on every rank of a coordinated
 save (the error it comes from was agreed), and rank 0 warns once; the application goes
 on from its committed steps, which a failed save never touches. After
-``max_failed_saves`` failed or skipped saves in a row the next one raises
+``max_failed_saves`` failed or abandoned saves in a row the next one raises
 :class:`~hpckpt.errors.SaveFailuresError`: a job that can no longer checkpoint at all
 should stop while its last committed step is recent.
 """
@@ -84,7 +84,7 @@ class FailurePolicy:
     on_failure
         ``"raise"`` or ``"warn"``.
     max_failed_saves
-        Under ``"warn"``: failed or skipped saves in a row before the next raises.
+        Under ``"warn"``: failed or abandoned saves in a row before the next raises.
     rank
         This rank in the engine's communicator (rank 0 warns).
     stats
@@ -108,13 +108,17 @@ class FailurePolicy:
 
     def record(self, failure: SaveFailure, cause: BaseException | None = None) -> None:
         """Record ``failure``; rank 0 warns. Raises SaveFailuresError on the
-        ``max_failed_saves``-th in a row. Call it on every rank alike.
+        ``max_failed_saves``-th failed or abandoned save in a row (skipped saves are
+        recorded, not counted: they wait for a storage that may come back). Call it on
+        every rank alike.
         """
         stats = self.stats
         stats.failures.append(failure)
-        stats.failed_in_a_row += 1
+        if failure.kind != SKIPPED:
+            stats.failed_in_a_row += 1
         if stats.failed_in_a_row >= self.max_failed_saves:
-            recent = stats.failures[-stats.failed_in_a_row:]
+            attempted = [recorded for recorded in stats.failures if recorded.kind != SKIPPED]
+            recent = attempted[-stats.failed_in_a_row:]
             raise SaveFailuresError(
                 f"{stats.failed_in_a_row} saves in a row did not commit "
                 f"(max_failed_saves={self.max_failed_saves}); "
