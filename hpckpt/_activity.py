@@ -21,7 +21,7 @@ class Activity:
     """One thread's place in a save."""
 
     phase: str = ""
-    path: str = ""
+    path: str = ""  # the file whose I/O has not returned yet, or ""
     written: int = 0  # bytes this thread has written in the current save
     since: float = field(default_factory=time.monotonic)  # when it entered ``path`` (or the phase)
 
@@ -32,6 +32,10 @@ class Activity:
     def enter_file(self, path: str) -> None:
         """Start writing or syncing ``path``."""
         self.path, self.since = path, time.monotonic()
+
+    def leave_file(self) -> None:
+        """The I/O on the file has returned: the thread waits on something else now."""
+        self.path, self.since = "", time.monotonic()
 
     def describe(self) -> str:
         """One line: the phase, the file, the bytes so far, for how long, on which host."""

@@ -114,35 +114,48 @@ class BackgroundSaves:
         timeout = phase_timeout()
         assert timeout is not None  # give-up needs the watchdog
         taken: list[dict] = []
+        phase = f"save step {step}: start"
 
-        def ready() -> None:
-            stuck = [saver.activity() for saver in self._retired if saver.alive()]
-            if stuck:
-                where = stuck[0][1] if stuck[0] else "its thread has not ended"
-                raise OSError(f"the storage is still stuck under an abandoned save: {where}")
+        def ready() -> tuple[bool, str] | None:
+            """None when this rank can start; else whether its storage is the cause (a
+            thread inside a file), and what it sees.
+            """
+            alive = [saver for saver in self._retired if saver.alive()]
+            if alive:
+                inside = alive[0].activity()
+                if inside is None or not inside.path:
+                    return False, "its abandoned save has not ended yet"
+                return True, f"the storage is still stuck under an abandoned save: {inside.describe()}"
             self._retired.clear()
             if self.saver is None:
-                return
+                return None
             buffers = self.saver.acquire(timeout / 2)
             if buffers is None:
                 inside = self.saver.activity()
-                raise OSError("the previous save still holds this rank's buffers"
-                              f"{': ' + inside[1] if inside else ''}")
+                if inside is None or not inside.path:
+                    return False, "the previous save still holds this rank's buffers, waiting for other ranks"
+                return True, f"the previous save still holds this rank's buffers: {inside.describe()}"
             taken.append(buffers)
-
-        try:
-            run_phase(self.comm, f"save step {step}: start", ready)
-        except CollectiveError as exc:
-            if self.saver is not None:
-                for buffers in taken:
-                    self.saver.release(buffers)
-            reason = "\n".join(f"rank {rank}: {text}" for rank, text in exc.failures.items())
-            self.failures.record(SaveFailure(step, SKIPPED, exc.phase, tuple(exc.failures), reason), exc)
             return None
-        if self.saver is None:
-            self.saver = self._new_saver()
-            return self.saver.acquire()  # a new saver's sets are all free
-        return taken[0]
+
+        from mpi4py import MPI
+
+        mine = run_phase(self.comm, phase, ready)
+        if not self.comm.allreduce(mine is not None, op=MPI.LOR):
+            if self.saver is None:
+                self.saver = self._new_saver()
+                return self.saver.acquire()  # a new saver's sets are all free
+            return taken[0]
+        if self.saver is not None:
+            for buffers in taken:
+                self.saver.release(buffers)
+        seen = self.comm.allgather(mine)
+        # name the ranks whose storage holds the save up; the others only wait for them
+        named = [rank for rank, status in enumerate(seen) if status is not None and status[0]] or \
+            [rank for rank, status in enumerate(seen) if status is not None]
+        reason = "\n".join(f"rank {rank}: {seen[rank][1]}" for rank in named)
+        self.failures.record(SaveFailure(step, SKIPPED, phase, tuple(named), reason))
+        return None
 
     def settle(self, *, wait: bool = False, until: int | None = None) -> None:
         """Report the saves finished on every rank; failures go to the failure policy.
@@ -191,14 +204,17 @@ class BackgroundSaves:
         """
         saver = self.saver
         assert saver is not None
-        inside = self.comm.allgather(saver.activity())
+        mine = saver.activity()
+        inside = self.comm.allgather(None if mine is None else (mine.phase, mine.describe(), bool(mine.path)))
         saver.abandon()
         self._retired.append(saver)
         self.saver = None
         steps, self._steps = self._steps[self._reported:], []
         self._reported = 0
-        stuck = {rank: where for rank, where in enumerate(inside) if where is not None}
-        reason = "\n".join(f"rank {rank}: {text}" for rank, (_, text) in stuck.items()) or \
+        # the ranks inside a file are the stuck ones; the others wait at an agreement for them
+        stuck = {rank: where for rank, where in enumerate(inside) if where is not None and where[2]} or \
+            {rank: where for rank, where in enumerate(inside) if where is not None}
+        reason = "\n".join(f"rank {rank}: {text}" for rank, (_, text, _) in stuck.items()) or \
             "the storage of some rank did not answer within the deadline"
         for number, step in enumerate(steps):
             if number == 0:

@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--max-failed-saves",
         type=int,
         default=3,
-        help="with --on-failure warn: failed or skipped saves in a row before the next raises (default 3)",
+        help="with --on-failure warn: failed or abandoned saves in a row before the next raises (default 3)",
     )
     parser.add_argument(
         "--progress",

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._activity import of_thread
+from .._activity import Activity, of_thread
 from .._comm import DeadlinePassedError, abandon, give_up_at_deadline, phase_timeout, prepare_watchdog
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, HostCopy, device_layout, is_device_array, pinned_empty
@@ -293,14 +293,11 @@ class BackgroundSaver:
         with self._changed:
             return self._changed.wait_for(lambda: self._finished >= count, timeout)
 
-    def activity(self) -> tuple[str, str] | None:
-        """Where the worker is, when inside a save: its phase, and a line that names the
-        phase, the file and the bytes so far; else None.
-        """
+    def activity(self) -> Activity | None:
+        """Where the worker is when inside a save (phase, file, bytes so far); else None."""
         if self.finished >= self.submitted:
             return None
-        found = of_thread(self._thread.ident)
-        return None if found is None else (found.phase, found.describe())
+        return of_thread(self._thread.ident)
 
     def alive(self) -> bool:
         """Whether the worker thread still runs (an abandoned one: until its storage answers)."""

@@ -91,13 +91,15 @@ def sync_files(directory: Path, names: Iterable[str]) -> dict[str, int]:
         path = directory / name
         if path.is_dir():
             continue
-        current().enter_file(str(path))
+        activity = current()
+        activity.enter_file(str(path))
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
             sizes[name] = os.fstat(fd).st_size
         finally:
             os.close(fd)
+            activity.leave_file()
     return sizes
 
 

@@ -57,7 +57,15 @@ def write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: b
     Returns the bytes written with direct I/O. ``direct=False`` writes everything
     through the page cache. The caller fsyncs ``path`` afterwards. Not collective.
     """
-    current().enter_file(str(path))
+    activity = current()
+    activity.enter_file(str(path))
+    try:
+        return _write_pieces(path, pieces, direct)
+    finally:
+        activity.leave_file()
+
+
+def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool) -> int:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     direct_descriptor = -1
     direct_bytes = 0

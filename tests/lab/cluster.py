@@ -15,7 +15,11 @@ out-of-band channel refuses loopback alone); nothing leaves the machine.
 Faults: :meth:`Job.kill_rank` (SIGKILL), :meth:`Job.stop_rank` (SIGSTOP),
 :meth:`Lab.lose_node` (every process of the node, its ``/dev/shm`` and its unsynced
 writes; a fresh node of the same name replaces it), :meth:`Lab.power_loss` (every
-node). A job can stop one of its ranks at a named save/restore point
+node); storage faults of one node: :meth:`Lab.freeze_storage` / :meth:`Lab.thaw_storage`
+(its cache process stopped: every file operation through its ``pfs`` waits in the
+kernel, as on a stuck OST) and :meth:`Lab.fail_writes` (its writes and fsyncs fail with
+EIO). ``Lab(..., disk_size="8m")`` puts the disk on a tmpfs that small, so that a
+test can fill it (ENOSPC). A job can stop one of its ranks at a named save/restore point
 (``HPCKPT_FAULT=POINT:RANK:stop[:NTH]``); :meth:`Job.wait_stopped` returns it, so the
 fault lands at exactly that point. Every fault is recorded in :attr:`Lab.events`.
 
@@ -60,6 +64,17 @@ def lab_unavailable() -> str | None:
     return None
 
 
+def thread_states(pid: int) -> list[str]:
+    """The scheduler state of each thread of process ``pid`` (``"T"``: stopped)."""
+    states = []
+    for thread in Path(f"/proc/{pid}/task").iterdir():
+        try:  # a thread may end between the listing and the read
+            states.append((thread / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue
+    return states
+
+
 @dataclass
 class Event:
     """One injected fault: what, on which node and rank, and when (monotonic seconds)."""
@@ -83,9 +98,13 @@ class Node:
         self.tmp.mkdir(parents=True)
         # distinct process ids on every node, kept by a replacement
         self.first_pid = first_pid = 100000 * index
+        # while this file exists, the node's writes and fsyncs to pfs fail with EIO (nodecache.c)
+        self.fail_file = lab.root / "nodes" / f"{name}.fail-writes"
+        self.fail_file.unlink(missing_ok=True)
         script = (
             f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
             f"echo {first_pid} > /proc/sys/kernel/ns_last_pid && "
+            f"NODECACHE_FAIL_WRITES={self.fail_file} "
             f"{NODECACHE} {lab.disk} {lab.pfs} -f -o allow_other > {lab.root}/{name}.nodecache.log 2>&1 & "
             "exec sleep infinity"
         )
@@ -99,6 +118,8 @@ class Node:
         )
         self.init_pid = self._wait_for_init()
         self._wait_for_mount()
+        self.cache_pid = self._find_cache()
+        self.frozen = False
         (lab.root / "nodes" / f"{name}.pid").write_text(str(self.init_pid))
 
     def _wait_for_init(self) -> int:
@@ -127,6 +148,32 @@ class Node:
         raise LabError(
             f"node {self.name}: the shared file system was not mounted within {START_TIMEOUT} s: {log}"
         )
+
+    def _find_cache(self) -> int:
+        """The host process id of the node's ``nodecache`` (a descendant of its first process)."""
+        pending = [self.init_pid]
+        while pending:
+            pid = pending.pop()
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                continue
+            if command == str(NODECACHE).encode():
+                return pid
+            pending.extend(map(int, children))
+        raise LabError(f"node {self.name}: no nodecache process found")
+
+    def signal_cache(self, signum: int, state: str | None) -> None:
+        """Send ``signum`` to the node's cache process; wait until its state is ``state``
+        (``"T"``: stopped; None: not stopped) so that the fault has landed on return."""
+        os.kill(self.cache_pid, signum)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if all((now == "T") == (state == "T") for now in thread_states(self.cache_pid)):
+                return
+            time.sleep(0.005)
+        raise LabError(f"node {self.name}: its nodecache did not {'stop' if state else 'continue'}")
 
     def run(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
         """Run ``command`` inside this node (in the caller's working directory)."""
@@ -162,7 +209,14 @@ class Node:
 class Lab:
     """N simulated nodes sharing ``pfs`` (see the module docstring). A context manager."""
 
-    def __init__(self, root: str | os.PathLike[str], nodes: int = 2, *, shm_size: str = "512m") -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        nodes: int = 2,
+        *,
+        shm_size: str = "512m",
+        disk_size: str | None = None,
+    ) -> None:
         reason = lab_unavailable()
         if reason:
             raise LabError(reason)
@@ -175,7 +229,14 @@ class Lab:
         self.events: list[Event] = []
         self.nodes: dict[str, Node] = {}
         self._jobs = 0
+        self._disk_mounted = False
         try:
+            if disk_size is not None:  # a small disk, to be filled (ENOSPC); every node sees this tmpfs
+                subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", f"size={disk_size}", "tmpfs", str(self.disk)],
+                    check=True, capture_output=True, text=True,
+                )
+                self._disk_mounted = True
             for index in range(1, nodes + 1):
                 node = Node(self, index)
                 self.nodes[node.name] = node
@@ -190,10 +251,16 @@ class Lab:
         self.close()
 
     def close(self) -> None:
-        """Destroy every node."""
+        """Destroy every node (frozen storage thawed first, so that its waiting writes end);
+        unmount a small disk."""
         for node in self.nodes.values():
+            if node.frozen:
+                self.thaw_storage(node.name)
             node.destroy()
         self.nodes = {}
+        if self._disk_mounted:
+            subprocess.run(["umount", "--lazy", str(self.disk)], check=False)
+            self._disk_mounted = False
 
     # --- jobs -------------------------------------------------------------------------------
 
@@ -277,6 +344,33 @@ class Lab:
             node.destroy()
         for name in list(self.nodes):
             self.nodes[name] = Node(self, self.nodes[name].index)
+
+    def freeze_storage(self, name: str) -> None:
+        """Node ``name``'s storage stops answering: its cache process is stopped (SIGSTOP),
+        so every file operation through its ``pfs`` (a write, an fsync, an open, a stat)
+        waits in the kernel until :meth:`thaw_storage`, as on a stuck Lustre OST. The other
+        nodes and the disk go on. Returns once the cache process has stopped."""
+        node = self.nodes[name]
+        self.events.append(Event("storage freeze", name))
+        node.signal_cache(signal.SIGSTOP, "T")
+        node.frozen = True
+
+    def thaw_storage(self, name: str) -> None:
+        """Node ``name``'s storage answers again (SIGCONT): the waiting operations go on."""
+        node = self.nodes[name]
+        self.events.append(Event("storage thaw", name))
+        node.signal_cache(signal.SIGCONT, None)
+        node.frozen = False
+
+    def fail_writes(self, name: str, on: bool = True) -> None:
+        """From now on (``on``) or no longer, every write and fsync through node ``name``'s
+        ``pfs`` fails with EIO; reads and metadata operations go on."""
+        fail_file = self.nodes[name].fail_file
+        self.events.append(Event("write errors" if on else "write errors end", name))
+        if on:
+            fail_file.touch()
+        else:
+            fail_file.unlink(missing_ok=True)
 
 
 @dataclass

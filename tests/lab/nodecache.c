@@ -13,7 +13,13 @@
  * loses every unsynced byte of this node and nothing of any other node.
  *
  * Metadata operations (create, mkdir, rename, unlink, truncate, chmod) go straight
- * to BACKING, as in LazyFS: lost renames are not modelled. Written for the hpckpt lab
+ * to BACKING, as in LazyFS: lost renames are not modelled.
+ *
+ * Faults: while the file named by the environment variable NODECACHE_FAIL_WRITES
+ * exists, every write and fsync through this mount fails with EIO (a failing disk or
+ * OST); reads and metadata operations go on. Stopping this process (SIGSTOP) makes
+ * every operation through the mount wait in the kernel until it is continued, as a
+ * stuck OST does. Written for the hpckpt lab
  * (tests/lab) because LazyFS's cache is not coherent between mounts of one backing
  * directory (docs/lab.md).
  */
@@ -34,6 +40,7 @@
 #include <unistd.h>
 
 static int backing = -1; /* descriptor of the backing directory */
+static const char *fail_writes = NULL; /* while this file exists, writes and fsyncs fail with EIO */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* One dirty byte range of one file, kept sorted and disjoint per file. */
@@ -172,8 +179,12 @@ static int pwrite_all(int fd, const char *buf, size_t length, off_t offset) {
     return 0;
 }
 
+/* Whether writes and fsyncs fail now (NODECACHE_FAIL_WRITES names an existing file). */
+static int failing(void) { return fail_writes && access(fail_writes, F_OK) == 0; }
+
 /* Write this node's dirty bytes of the file open as fd to the backing file, fsync it. */
 static int sync_file(int fd, int datasync) {
+    if (failing()) return -EIO;
     struct stat st;
     if (fstat(fd, &st) < 0) return -errno;
     struct timespec born = birth(fd, NULL);
@@ -312,6 +323,7 @@ static int nc_read(const char *path, char *buf, size_t size, off_t offset, struc
 
 static int nc_write(const char *path, const char *buf, size_t size, off_t offset, struct fuse_file_info *fi) {
     (void)path;
+    if (failing()) return -EIO;
     struct stat st;
     if (fstat((int)fi->fh, &st) < 0) return -errno;
     struct timespec born = birth((int)fi->fh, NULL);
@@ -415,7 +427,7 @@ static int nc_access(const char *path, int mask) {
 static int nc_fallocate(const char *path, int mode, off_t offset, off_t length, struct fuse_file_info *fi) {
     (void)path;
     if (mode) return -EOPNOTSUPP;
-    return posix_fallocate((int)fi->fh, offset, length) ? -EIO : 0;
+    return -posix_fallocate((int)fi->fh, offset, length); /* 0, or the error (ENOSPC) */
 }
 
 static const struct fuse_operations operations = {
@@ -450,6 +462,8 @@ int main(int argc, char *argv[]) {
         fprintf(stderr, "usage: %s BACKING MOUNTPOINT [fuse options]\n", argv[0]);
         return 2;
     }
+    fail_writes = getenv("NODECACHE_FAIL_WRITES");
+    if (fail_writes && !*fail_writes) fail_writes = NULL;
     backing = open(argv[1], O_RDONLY | O_DIRECTORY);
     if (backing < 0) {
         perror(argv[1]);
