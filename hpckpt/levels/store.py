@@ -240,7 +240,9 @@ class NodeLocalStore:
         from mpi4py import MPI
 
         saver = StepSaver(self.own, self.backend, (KeepNewest(self.keep),))
-        report = saver.save(MPI.COMM_SELF, SaveRequest(step, metric, complete=False), state)
+        # each rank's own step is its own save; whether every rank wrote it is agreed here
+        report: SaveReport = run_phase(self.comm, f"local step {step}: write", lambda: saver.save(
+            MPI.COMM_SELF, SaveRequest(step, metric, complete=False), state))
         if self.redundancy == "none":
             return report
         blob = run_phase(self.comm, f"local step {step}: pack", lambda: pack(self.own.step_path(step)))

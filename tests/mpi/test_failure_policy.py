@@ -151,3 +151,32 @@ def test_stuck_storage_abandons_the_save_skips_the_next_and_commits_once_it_answ
             assert ckpt.restore(restored) == final and restored["u"].array[0] == final + world.rank
     finally:
         install_point_hook(replaced)
+
+
+def test_a_failed_node_local_save_is_agreed_and_recorded(world, mpi_tmp_path, monkeypatch):
+    """Rank 1's node-local files may not grow past 4 KiB: its own copy of step 2 fails on
+    it alone (a rank's own step is a one-rank save); every rank records step 2 failed and
+    the next local save, with its partner copies, commits."""
+    monkeypatch.setenv("HPCKPT_RANKS_PER_NODE", "1")
+    options = {"backend": "posix", "on_failure": "warn", "local_dir": str(mpi_tmp_path / "local"),
+               "redundancy": "partner", "flush_every": 0}
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        with hpckpt.Checkpointer(mpi_tmp_path / "levels", comm=world, **options) as ckpt:
+            ckpt.save(1, state_of(world, 1.0))
+            if world.rank == 1:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SaveFailedWarning)
+                ckpt.save(2, state_of(world, 2.0))
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            assert records(ckpt) == [(2, "failed", "local step 2: write", (1,))]
+            assert "File too large" in ckpt.stats.failures[0].reason
+            ckpt.save(3, state_of(world, 3.0))
+            restored = state_of(world, 0.0)
+            assert ckpt.restore(restored) == 3 and ckpt.stats.restored_level == "node-local"
+            assert restored["u"].array[0] == 3.0 + world.rank
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
