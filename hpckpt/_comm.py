@@ -326,8 +326,8 @@ def await_everyone(comm: MPI.Comm, phase: str) -> None:
         if abandoned is not None and (waited > timeout or abandoned.is_set()):
             abandoned.set()  # its requests stay pending: no later phase may run on comm
             raise DeadlinePassedError(f"phase {phase!r}: not every rank arrived within {timeout:g} s "
-                                 f"(waited {waited:.0f} s on {socket.gethostname()}, rank {comm.rank}); "
-                                 "this save is given up")
+                                      f"(waited {waited:.0f} s on {socket.gethostname()}, rank {comm.rank}); "
+                                      "this save is given up")
         if forward and MPI.Request.Testall(from_members):
             sent.append(notices.Isend([flag, MPI.BYTE], dest=0, tag=_ARRIVAL_TAG))
             forward = False

@@ -78,10 +78,14 @@ class BackgroundSaves:
     def _new_saver(self) -> BackgroundSaver:
         return BackgroundSaver(self.comm, self.max_in_flight, give_up=self.gives_up, budget=self.budget)
 
-    def submit(self, step: int, state: Any, commit: CommitJob) -> SaveHandle | None:
+    def submit(
+        self, step: int, state: Any, commit: CommitJob, nbytes: int | None = None
+    ) -> SaveHandle | None:
         """Snapshot ``state`` (an agreed phase) and queue ``commit`` of the snapshot.
 
-        None where the save failed or was skipped under ``on_failure="warn"``.
+        ``nbytes``: this rank's :func:`~hpckpt.protocols.background.staging_bytes` of
+        ``state``, given where there is a staging budget. None where the save failed or
+        was skipped under ``on_failure="warn"``.
         """
         self.settle()
         buffers = self._start(step) if self.gives_up else None
@@ -93,7 +97,7 @@ class BackgroundSaves:
         started = time.perf_counter()
         try:
             run_phase(self.comm, f"save step {step}: snapshot",
-                      lambda: staged.append(saver.stage(state, buffers)))
+                      lambda: staged.append(saver.stage(state, buffers, nbytes)))
         except CollectiveError as exc:
             for _, held in staged:
                 saver.release(held)
@@ -150,9 +154,7 @@ class BackgroundSaves:
             for buffers in taken:
                 self.saver.release(buffers)
         seen = self.comm.allgather(mine)
-        # name the ranks whose storage holds the save up; the others only wait for them
-        named = [rank for rank, status in enumerate(seen) if status is not None and status[0]] or \
-            [rank for rank, status in enumerate(seen) if status is not None]
+        named = _holding_up(seen)
         reason = "\n".join(f"rank {rank}: {seen[rank][1]}" for rank in named)
         self.failures.record(SaveFailure(step, SKIPPED, phase, tuple(named), reason))
         return None
@@ -166,14 +168,14 @@ class BackgroundSaves:
         saver = self.saver
         if saver is None:
             return
+        from mpi4py import MPI
+
         target = saver.submitted if wait else until
         timeout = phase_timeout()
         while True:
             if target is not None:
                 # under give-up, the healthy ranks' workers give up within the deadline
                 saver.wait_until(target, timeout if self.gives_up else None)
-            from mpi4py import MPI
-
             flags = np.array([-saver.finished, int(saver.gave_up.is_set())], dtype=np.int64)
             self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
             self._report(-int(flags[0]))
@@ -205,20 +207,18 @@ class BackgroundSaves:
         saver = self.saver
         assert saver is not None
         mine = saver.activity()
-        inside = self.comm.allgather(None if mine is None else (mine.phase, mine.describe(), bool(mine.path)))
+        inside = self.comm.allgather(None if mine is None else (bool(mine.path), mine.describe(), mine.phase))
         saver.abandon()
         self._retired.append(saver)
         self.saver = None
         steps, self._steps = self._steps[self._reported:], []
         self._reported = 0
-        # the ranks inside a file are the stuck ones; the others wait at an agreement for them
-        stuck = {rank: where for rank, where in enumerate(inside) if where is not None and where[2]} or \
-            {rank: where for rank, where in enumerate(inside) if where is not None}
-        reason = "\n".join(f"rank {rank}: {text}" for rank, (_, text, _) in stuck.items()) or \
+        stuck = _holding_up(inside)
+        reason = "\n".join(f"rank {rank}: {inside[rank][1]}" for rank in stuck) or \
             "the storage of some rank did not answer within the deadline"
         for number, step in enumerate(steps):
             if number == 0:
-                phase = next(iter(stuck.values()))[0] if stuck else f"save step {step}"
+                phase = inside[stuck[0]][2] if stuck else f"save step {step}"
                 failure = SaveFailure(step, ABANDONED, phase, tuple(stuck), reason)
             else:
                 failure = SaveFailure(step, ABANDONED, f"save step {step}", (),
@@ -243,3 +243,12 @@ class BackgroundSaves:
     def buffer_bytes(self) -> int:
         """Host memory held by idle snapshot buffers (a lower bound)."""
         return 0 if self.saver is None else self.saver.buffer_bytes()
+
+
+def _holding_up(seen: list[tuple[Any, ...] | None]) -> list[int]:
+    """The ranks whose storage holds a save up: of those that reported (``(inside a file,
+    what it sees, ...)``; None: nothing to report), the ones whose I/O has not returned,
+    else all of them (the others only wait at an agreement for them).
+    """
+    reported = [(rank, status) for rank, status in enumerate(seen) if status is not None]
+    return [rank for rank, status in reported if status[0]] or [rank for rank, _ in reported]

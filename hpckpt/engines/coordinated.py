@@ -70,11 +70,12 @@ class CoordinatedEngine(Engine):
         if self.options.recovery is not None:
             raise ValueError("blocking=False is not available with recovery='ulfm' "
                              "(a background save cannot be repaired)")
-        budget = self.options.max_staging_bytes
+        budget, nbytes = self.options.max_staging_bytes, None
         if budget is not None:
-            over = self._unless_failed(step, lambda: self._over_budget(step, state, budget))
-            if over is None:
+            sized = self._unless_failed(step, lambda: self._staging_bytes(step, state, budget))
+            if sized is None:
                 return None
+            nbytes, over = sized
             if over:  # written from the application's arrays, blocking: nothing staged
                 self.stats.saves_over_budget += 1
                 self._save_blocking(step, state, metric, base)
@@ -83,18 +84,19 @@ class CoordinatedEngine(Engine):
             self._background = BackgroundSaves(self.control, self.options.max_in_flight, self.failures,
                                                budget)
         handle = self._background.submit(
-            step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base))
+            step, state, lambda comm, frozen: self.commit_step(comm, step, frozen, metric, base), nbytes)
         if self.options.schedule is not None:
             self.options.schedule.saved(self.stats.snapshot_seconds)
         return handle
 
-    def _over_budget(self, step: int, state: Any, budget: int) -> bool:
-        """Whether the snapshot of ``state`` on some rank would exceed ``budget``. Collective."""
+    def _staging_bytes(self, step: int, state: Any, budget: int) -> tuple[int, bool]:
+        """The bytes a snapshot of ``state`` takes on this rank, and whether some rank's
+        would exceed ``budget``. Collective.
+        """
         from mpi4py import MPI
 
-        mine = run_phase(self.control, f"save step {step}: staging budget",
-                         lambda: staging_bytes(state) > budget)
-        return bool(self.control.allreduce(mine, op=MPI.LOR))
+        nbytes = run_phase(self.control, f"save step {step}: staging budget", lambda: staging_bytes(state))
+        return nbytes, bool(self.control.allreduce(nbytes > budget, op=MPI.LOR))
 
     def settle(self, *, wait: bool = False) -> None:
         """Report the non-blocking saves finished on every rank; raise the first failure.

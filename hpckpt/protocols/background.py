@@ -218,9 +218,12 @@ class BackgroundSaver:
             return None
 
     def stage(
-        self, state: Any, buffers: dict[str, np.ndarray] | None = None
+        self, state: Any, buffers: dict[str, np.ndarray] | None = None, nbytes: int | None = None
     ) -> tuple[Any, dict[str, np.ndarray]]:
         """Copy ``state`` into ``buffers`` (from :meth:`acquire`), or a free buffer set. Not collective.
+
+        With a budget, ``nbytes`` is :func:`staging_bytes` of ``state`` (the caller has
+        it already, from deciding whether the state fits the budget at all).
 
         Blocks while ``max_in_flight`` saves are queued or running. Pass the result to
         :meth:`enqueue`, or to :meth:`release` if the save is called off; on an error
@@ -229,8 +232,9 @@ class BackgroundSaver:
         if buffers is None:
             buffers = self._buffer_sets.get()
         if self.budget is not None:
+            assert nbytes is not None, "a staging budget needs the state's staging bytes"
             try:
-                self._make_room(buffers, staging_bytes(state))
+                self._make_room(buffers, nbytes)
             except BaseException:
                 self._buffer_sets.put(buffers)
                 raise

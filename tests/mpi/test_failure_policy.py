@@ -5,6 +5,7 @@ import resource
 import signal
 import threading
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -24,6 +25,30 @@ def state_of(comm, value: float) -> dict:
 
 def records(checkpointer) -> list[tuple]:
     return [(f.step, f.kind, f.phase, f.ranks) for f in checkpointer.stats.failures]
+
+
+@contextmanager
+def files_limited_to_4_kib_on(comm, rank: int):
+    """Rank ``rank``'s files may not grow past 4 KiB inside the block (RLIMIT_FSIZE): its
+    writes fail with EFBIG from the kernel (SIGXFSZ ignored, as a job that handles errors
+    does). The limit and the signal's handler are put back on leaving.
+    """
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        if comm.rank == rank:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def save_quietly(checkpointer, step: int, state) -> None:
+    """``checkpointer.save(step, state)`` with its SaveFailedWarning silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SaveFailedWarning)
+        checkpointer.save(step, state)
 
 
 def test_a_failed_blocking_save_is_recorded_on_every_rank_and_the_next_commits(
@@ -50,26 +75,16 @@ def test_a_failed_blocking_save_is_recorded_on_every_rank_and_the_next_commits(
 def test_a_real_write_error_on_one_rank_is_agreed_not_aborted(world, mpi_tmp_path):
     """Rank 1's files may not grow past 4 KiB (RLIMIT_FSIZE): its write fails with EFBIG
     from the kernel, inside the posix backend's I/O."""
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    try:
-        options = {"backend": "posix", "on_failure": "warn"}
-        with hpckpt.Checkpointer(mpi_tmp_path / "efbig", comm=world, **options) as ckpt:
-            ckpt.save(1, {"u": hpckpt.Local(np.zeros(10))})
-            if world.rank == 1:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", SaveFailedWarning)
-                ckpt.save(2, state_of(world, 2.0))
-            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-            assert records(ckpt) == [(2, "failed", "save step 2: write", (1,))]
-            assert "File too large" in ckpt.stats.failures[0].reason
-            assert ckpt.steps() == [1]
-            ckpt.save(3, state_of(world, 3.0))
-            assert ckpt.steps() == [1, 3]
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, previous)
+    options = {"backend": "posix", "on_failure": "warn"}
+    with hpckpt.Checkpointer(mpi_tmp_path / "efbig", comm=world, **options) as ckpt:
+        ckpt.save(1, {"u": hpckpt.Local(np.zeros(10))})
+        with files_limited_to_4_kib_on(world, 1):
+            save_quietly(ckpt, 2, state_of(world, 2.0))
+        assert records(ckpt) == [(2, "failed", "save step 2: write", (1,))]
+        assert "File too large" in ckpt.stats.failures[0].reason
+        assert ckpt.steps() == [1]
+        ckpt.save(3, state_of(world, 3.0))
+        assert ckpt.steps() == [1, 3]
 
 
 def test_a_failed_background_save_is_recorded_at_the_next_call(world, mpi_tmp_path, monkeypatch):
@@ -91,9 +106,7 @@ def test_too_many_failures_in_a_row_raise_on_every_rank(world, mpi_tmp_path, mon
     with hpckpt.Checkpointer(mpi_tmp_path / "many", comm=world, **options) as ckpt:
         ckpt.save(1, state_of(world, 1.0))
         monkeypatch.setenv(FAULT_ENV, "save.commit:0:raise")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SaveFailedWarning)
-            ckpt.save(2, state_of(world, 2.0))
+        save_quietly(ckpt, 2, state_of(world, 2.0))
         monkeypatch.setenv(FAULT_ENV, "save.sync:1:raise")
         with pytest.raises(SaveFailuresError, match="2 saves in a row did not commit") as info:
             ckpt.save(3, state_of(world, 3.0))
@@ -160,23 +173,13 @@ def test_a_failed_node_local_save_is_agreed_and_recorded(world, mpi_tmp_path, mo
     monkeypatch.setenv("HPCKPT_RANKS_PER_NODE", "1")
     options = {"backend": "posix", "on_failure": "warn", "local_dir": str(mpi_tmp_path / "local"),
                "redundancy": "partner", "flush_every": 0}
-    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    try:
-        with hpckpt.Checkpointer(mpi_tmp_path / "levels", comm=world, **options) as ckpt:
-            ckpt.save(1, state_of(world, 1.0))
-            if world.rank == 1:
-                resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", SaveFailedWarning)
-                ckpt.save(2, state_of(world, 2.0))
-            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-            assert records(ckpt) == [(2, "failed", "local step 2: write", (1,))]
-            assert "File too large" in ckpt.stats.failures[0].reason
-            ckpt.save(3, state_of(world, 3.0))
-            restored = state_of(world, 0.0)
-            assert ckpt.restore(restored) == 3 and ckpt.stats.restored_level == "node-local"
-            assert restored["u"].array[0] == 3.0 + world.rank
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
-        signal.signal(signal.SIGXFSZ, previous)
+    with hpckpt.Checkpointer(mpi_tmp_path / "levels", comm=world, **options) as ckpt:
+        ckpt.save(1, state_of(world, 1.0))
+        with files_limited_to_4_kib_on(world, 1):
+            save_quietly(ckpt, 2, state_of(world, 2.0))
+        assert records(ckpt) == [(2, "failed", "local step 2: write", (1,))]
+        assert "File too large" in ckpt.stats.failures[0].reason
+        ckpt.save(3, state_of(world, 3.0))
+        restored = state_of(world, 0.0)
+        assert ckpt.restore(restored) == 3 and ckpt.stats.restored_level == "node-local"
+        assert restored["u"].array[0] == 3.0 + world.rank
