@@ -28,7 +28,7 @@ from .storage import open_backend
 from .storage.base import Backend, BlockData
 from .storage.commit import RunDirectory
 from .storage.integrity import damaged_files
-from .storage.names import MANIFEST_NAME, step_entries
+from .storage.names import MANIFEST_NAME, committed_entries, is_leftover, step_entries
 from .storage.verified import read_verified
 
 Progress = Callable[[int], None]
@@ -89,11 +89,13 @@ class CheckpointReader:
     def entries(self) -> list[StepEntry]:
         """Every step directory (committed, corrupt or incomplete), oldest step first."""
         found = []
-        for step, suffix, path in step_entries(self.run_dir.root):
+        committed = committed_entries(self.run_dir.root)
+        for entry in step_entries(self.run_dir.root):
+            step, path = entry.step, entry.path
             if not path.is_dir():
                 continue
             size = _tree_bytes(path)
-            if suffix or not (path / MANIFEST_NAME).exists():
+            if is_leftover(entry, committed) or not (path / MANIFEST_NAME).exists():
                 found.append(StepEntry(step, "incomplete", path, size, None, None))
                 continue
             try:

@@ -99,7 +99,8 @@ def gc_command(args: argparse.Namespace) -> int:
             raise InvalidStateError(message) from None
         print(f"hpckpt gc: warning: {exc.args[0]}; deleting anyway (--force)", file=sys.stderr)
     try:
-        leftovers = [entry for entry in reader.entries() if entry.path.suffix in TRANSIENT_SUFFIXES]
+        leftovers = [entry for entry in reader.entries()
+                     if entry.path.suffix in TRANSIENT_SUFFIXES and entry.status == "incomplete"]
         deleted = retain(reader.run_dir, (KeepNewest(args.keep),))
     finally:
         lock.release()

@@ -155,9 +155,10 @@ def replace_directory(temp: Path, final: Path, *, fault_points: str | None = Non
 
     An existing ``final`` is exchanged with ``temp`` atomically (``renameat2``) and then
     removed under the temporary name; where the file system cannot exchange, it is
-    renamed to ``final.replaced`` first (a moment without ``final``: listings treat
-    ``*.replaced`` as incomplete). The parent directory is fsync'd. ``fault_points``
-    names the prefix of the points passed (``PREFIX.exchanged`` or ``PREFIX.renamed``).
+    renamed to ``final.replaced`` first: in the moment without ``final`` (a crash
+    there) listings take ``final.replaced`` for it (:func:`~.names.committed_entries`).
+    The parent directory is fsync'd. ``fault_points`` names the prefix of the points
+    passed (``PREFIX.exchanged``; ``PREFIX.set_aside`` and ``PREFIX.renamed``).
     """
     if final.exists() and _exchange(temp, final):
         _fsync_path(final.parent)
@@ -168,6 +169,9 @@ def replace_directory(temp: Path, final: Path, *, fault_points: str | None = Non
     replaced = final.with_name(final.name + ".replaced")
     if final.exists():
         os.replace(final, replaced)
+        _fsync_path(final.parent)
+        if fault_points:
+            point(f"{fault_points}.set_aside")
     os.replace(temp, final)
     if fault_points:
         point(f"{fault_points}.renamed")
@@ -190,21 +194,40 @@ class RunDirectory:
         self.striping = striping
         self._references: dict[int, frozenset[int]] = {}  # step -> steps it reads blocks of
         self._recycled: set[str] = set()  # entries moved into the step being written
+        self._saves: dict[int, int] = {}  # step -> how many saves of it this object began
+
+    def begin(self, step: int) -> None:
+        """Count a save of ``step`` beginning. Every rank calls it at the start of each
+        save, so that all agree on :meth:`temp_path` without communicating. Not collective.
+
+        A step saved again by this object is written into a directory of a new name
+        (``step-N.K.tmp``): a client that caches directory entries (MooseFS, NFS) on
+        another node may still resolve ``step-N.tmp`` to the directory that was renamed
+        into place by the last commit, and would write into that committed step.
+        """
+        self._saves[step] = self._saves.get(step, 0) + 1
 
     def step_path(self, step: int) -> Path:
-        """The directory of committed step ``step``."""
-        return self.root / step_name(step)
+        """The directory of committed step ``step``: in place, or its set-aside copy
+        where a replacement was interrupted (:func:`~.names.committed_entries`).
+        """
+        in_place = self.root / step_name(step)
+        set_aside = self.root / step_name(step, ".replaced")
+        return set_aside if not in_place.exists() and (set_aside / MANIFEST_NAME).exists() else in_place
 
     def temp_path(self, step: int) -> Path:
-        """The directory step ``step`` is written into before its commit."""
-        return self.root / step_name(step, ".tmp")
+        """The directory step ``step`` is written into before its commit: ``step-N.tmp``,
+        ``step-N.K.tmp`` for the K-th save of the same step again (see :meth:`begin`).
+        """
+        again = self._saves.get(step, 1) - 1
+        return self.root / step_name(step, f".{again}.tmp" if again else ".tmp")
 
     def manifest_path(self, step: int) -> Path:
         """The manifest of committed step ``step``."""
         return self.step_path(step) / MANIFEST_NAME
 
     def committed_steps(self) -> list[int]:
-        """Steps whose directory is in place with a manifest, oldest first."""
+        """The committed steps (:func:`~.names.committed_entries`), oldest first."""
         return committed_steps(self.root)
 
     def prepare(self, step: int, needed_bytes: int = 0) -> Path:
@@ -284,7 +307,7 @@ class RunDirectory:
         write_durably(temp / MANIFEST_NAME, manifest.to_json())
         point("commit.fsync")
         _fsync_path(temp)
-        final = self.step_path(step)
+        final = self.root / step_name(step)
         point("commit.rename")
         replace_directory(temp, final, fault_points="commit")
         return final

@@ -1,9 +1,12 @@
 """The entries of a run directory (docs/format.md): their names and their listing, in one place.
 
 step-00000010/            committed (with its manifest.json)
-step-00000020.tmp/        being written, or left by a crash
+step-00000020.tmp/        being written, or left by a crash (step-00000020.2.tmp: the
+                          second save of that step again by one job)
 step-00000005.deleting/   being removed by retention
-step-00000010.replaced/   an older copy of a step saved again, being removed
+step-00000010.replaced/   an older copy of a step saved again, being removed; while
+                          step-00000010/ is missing (a crash between the two renames of
+                          the replacement) it is that committed step
 rank-00003/               the uncoordinated protocol's run directory of rank 3
 """
 
@@ -17,7 +20,7 @@ from typing import NamedTuple
 MANIFEST_NAME = "manifest.json"
 _SHARD_NAME = re.compile(r"^manifest-shard-\d{5,}\.json$")
 TRANSIENT_SUFFIXES = (".tmp", ".deleting", ".replaced")
-_STEP_ENTRY = re.compile(r"^step-(\d{8,})(\.tmp|\.deleting|\.replaced)?$")
+_STEP_ENTRY = re.compile(r"^step-(\d{8,})(?:\.\d+(?=\.tmp$))?(\.tmp|\.deleting|\.replaced)?$")
 
 
 def step_name(step: int, suffix: str = "") -> str:
@@ -53,10 +56,30 @@ def step_entries(directory: Path) -> list[StepPath]:
     return sorted(found)
 
 
+def committed_entries(directory: Path) -> dict[int, Path]:
+    """Each committed step of ``directory`` and its directory, oldest first: the step in
+    place with a manifest or, where a file system without an atomic exchange crashed
+    between the two renames of a replacement, its set-aside copy (``.replaced``) with a
+    manifest. Not collective.
+    """
+    found: dict[int, Path] = {}
+    for entry in step_entries(directory):  # in place ("") sorts before ".replaced"
+        if entry.suffix in ("", ".replaced") and entry.step not in found:
+            if (entry.path / MANIFEST_NAME).exists():
+                found[entry.step] = entry.path
+    return found
+
+
 def committed_steps(directory: Path) -> list[int]:
-    """The steps of ``directory`` in place with a manifest, oldest first."""
-    return [entry.step for entry in step_entries(directory)
-            if not entry.suffix and (entry.path / MANIFEST_NAME).exists()]
+    """The committed steps of ``directory`` (:func:`committed_entries`), oldest first."""
+    return list(committed_entries(directory))
+
+
+def is_leftover(entry: StepPath, committed: dict[int, Path]) -> bool:
+    """Whether ``entry`` is what a crashed or interrupted save or deletion left behind
+    (``committed``: :func:`committed_entries` of its directory).
+    """
+    return bool(entry.suffix) and committed.get(entry.step) != entry.path
 
 
 def rank_name(rank: int) -> str:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .._hooks import point
 from .commit import DIRECTORY_MODE, RECYCLE_NAME, RunDirectory
-from .names import is_manifest_file, step_entries, step_name
+from .names import committed_entries, is_leftover, is_manifest_file, step_entries, step_name
 
 
 class RetentionPolicy(Protocol):
@@ -102,8 +102,9 @@ def retain(run_dir: RunDirectory, policies: Sequence[RetentionPolicy], *, recycl
             point("retain.recycled")
         shutil.rmtree(deleting)
         run_dir.forget(step)
+    committed = committed_entries(root)
     for entry in step_entries(root):
-        if entry.suffix:
+        if is_leftover(entry, committed):
             shutil.rmtree(entry.path, ignore_errors=True)
     return doomed
 

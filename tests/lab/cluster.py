@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.lab.moosefs import MooseFS, moosefs_unavailable
+
 REPO = Path(__file__).resolve().parents[2]
 NODECACHE = REPO / "build" / "lab" / "nodecache"
 UCX_NO_DISCONNECT = REPO / "build" / "lab" / "ucx_no_disconnect.so"  # see ucx_no_disconnect.c
@@ -49,8 +51,11 @@ class LabError(RuntimeError):
     """The lab could not do what was asked (no root, no nodecache build, a node did not start)."""
 
 
-def lab_unavailable() -> str | None:
-    """Why a lab cannot run here, or None."""
+FILESYSTEMS = ("nodecache", "moosefs")
+
+
+def lab_unavailable(filesystem: str = "nodecache") -> str | None:
+    """Why a lab on ``filesystem`` cannot run here, or None."""
     if os.geteuid() != 0:
         return "the lab needs root (namespaces and FUSE mounts)"
     for built in (NODECACHE, UCX_NO_DISCONNECT):
@@ -61,6 +66,8 @@ def lab_unavailable() -> str | None:
             return f"{tool} is not installed"
     if not Path("/dev/fuse").exists():
         return "/dev/fuse is missing"
+    if filesystem == "moosefs":
+        return moosefs_unavailable()
     return None
 
 
@@ -101,11 +108,16 @@ class Node:
         # while this file exists, the node's writes and fsyncs to pfs fail with EIO (nodecache.c)
         self.fail_file = lab.root / "nodes" / f"{name}.fail-writes"
         self.fail_file.unlink(missing_ok=True)
+        if lab.moosefs is not None:
+            client = lab.moosefs.client_command(lab.pfs)
+        else:
+            client = (
+                f"NODECACHE_FAIL_WRITES={self.fail_file} {NODECACHE} {lab.disk} {lab.pfs} -f -o allow_other"
+            )
         script = (
             f"hostname {name} && mount -t tmpfs -o size={lab.shm_size} tmpfs /dev/shm && "
             f"echo {first_pid} > /proc/sys/kernel/ns_last_pid && "
-            f"NODECACHE_FAIL_WRITES={self.fail_file} "
-            f"{NODECACHE} {lab.disk} {lab.pfs} -f -o allow_other > {lab.root}/{name}.nodecache.log 2>&1 & "
+            f"{client} > {lab.root}/{name}.client.log 2>&1 & "
             "exec sleep infinity"
         )
         self._unshare = subprocess.Popen(
@@ -144,13 +156,14 @@ class Node:
             if f" {self.lab.pfs} " in mounts.read_text():
                 return
             time.sleep(0.02)
-        log = (self.lab.root / f"{self.name}.nodecache.log").read_text(errors="replace")
+        log = (self.lab.root / f"{self.name}.client.log").read_text(errors="replace")
         raise LabError(
             f"node {self.name}: the shared file system was not mounted within {START_TIMEOUT} s: {log}"
         )
 
     def _find_cache(self) -> int:
-        """The host process id of the node's ``nodecache`` (a descendant of its first process)."""
+        """The host process id of the node's file-system client, ``nodecache`` or ``mfsmount``
+        (a descendant of its first process)."""
         pending = [self.init_pid]
         while pending:
             pid = pending.pop()
@@ -159,10 +172,10 @@ class Node:
                 children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
             except OSError:
                 continue
-            if command == str(NODECACHE).encode():
+            if command == str(NODECACHE).encode() or command.startswith(b"mfsmount"):  # it renames itself
                 return pid
             pending.extend(map(int, children))
-        raise LabError(f"node {self.name}: no nodecache process found")
+        raise LabError(f"node {self.name}: no file-system client process found")
 
     def signal_cache(self, signum: int, state: str | None) -> None:
         """Send ``signum`` to the node's cache process; wait until its state is ``state``
@@ -216,12 +229,15 @@ class Lab:
         *,
         shm_size: str = "512m",
         disk_size: str | None = None,
+        filesystem: str = "nodecache",
     ) -> None:
-        reason = lab_unavailable()
+        reason = lab_unavailable(filesystem)
         if reason:
             raise LabError(reason)
         self.root = Path(root).resolve()
-        self.disk = self.root / "disk"
+        self.filesystem = filesystem
+        self.moosefs = MooseFS(self.root, NODECACHE) if filesystem == "moosefs" else None
+        self.disk = self.moosefs.view if self.moosefs else self.root / "disk"
         self.pfs = self.root / "pfs"
         self.shm_size = shm_size
         for directory in (self.disk, self.pfs, self.root / "nodes"):
@@ -231,6 +247,8 @@ class Lab:
         self._jobs = 0
         self._disk_mounted = False
         try:
+            if self.moosefs is not None:
+                self.moosefs.start()
             if disk_size is not None:  # a small disk, to be filled (ENOSPC); every node sees this tmpfs
                 subprocess.run(
                     ["mount", "-t", "tmpfs", "-o", f"size={disk_size}", "tmpfs", str(self.disk)],
@@ -258,6 +276,8 @@ class Lab:
                 self.thaw_storage(node.name)
             node.destroy()
         self.nodes = {}
+        if self.moosefs is not None:
+            self.moosefs.close()
         if self._disk_mounted:
             subprocess.run(["umount", "--lazy", str(self.disk)], check=False)
             self._disk_mounted = False
@@ -345,6 +365,13 @@ class Lab:
         for name in list(self.nodes):
             self.nodes[name] = Node(self, self.nodes[name].index)
 
+    def lose_data_server(self, index: int) -> None:
+        """MooseFS chunkserver ``index`` loses power (see :meth:`MooseFS.lose_data_server`)."""
+        if self.moosefs is None:
+            raise LabError("only a lab on MooseFS has data servers")
+        self.events.append(Event("data server loss", f"cs{index}"))
+        self.moosefs.lose_data_server(index)
+
     def freeze_storage(self, name: str) -> None:
         """Node ``name``'s storage stops answering: its cache process is stopped (SIGSTOP),
         so every file operation through its ``pfs`` (a write, an fsync, an open, a stat)
@@ -365,6 +392,8 @@ class Lab:
     def fail_writes(self, name: str, on: bool = True) -> None:
         """From now on (``on``) or no longer, every write and fsync through node ``name``'s
         ``pfs`` fails with EIO; reads and metadata operations go on."""
+        if self.moosefs is not None:
+            raise LabError("write errors are injected by nodecache only, not on MooseFS")
         fail_file = self.nodes[name].fail_file
         self.events.append(Event("write errors" if on else "write errors end", name))
         if on:

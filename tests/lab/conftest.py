@@ -26,6 +26,13 @@ def lab(lab_factory) -> Lab:
     return lab_factory(2)
 
 
+@pytest.fixture
+def moosefs_lab(lab_factory) -> Lab:
+    """Two lab nodes on a real MooseFS (tests/lab/moosefs.py): a master, two chunkservers
+    keeping every chunk twice, a client per node."""
+    return lab_factory(2, "moosefs")
+
+
 @pytest.fixture(scope="session")
 def heat_reference(tmp_path_factory) -> str:
     """The fault-free result of :func:`tests.lab.helpers.heat` with its defaults, on one rank,

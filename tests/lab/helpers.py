@@ -22,7 +22,7 @@ REQUIRED = os.environ.get("CI") == "true" or "1" in (
 
 @contextlib.contextmanager
 def labs_under(root: Path) -> Iterator[Callable[[int], Lab]]:
-    """Yield ``make(nodes)``, which starts a lab of that many nodes under ``root``; every lab
+    """Yield ``make(nodes, filesystem)``, which starts a lab of that many nodes under ``root``; every lab
     made is destroyed on leaving. Skips the test where the lab cannot run (fails it where
     the lab is :data:`REQUIRED`)."""
     reason = lab_unavailable()
@@ -32,8 +32,13 @@ def labs_under(root: Path) -> Iterator[Callable[[int], Lab]]:
         pytest.skip(reason)
     labs: list[Lab] = []
 
-    def make(nodes: int = 2) -> Lab:
-        labs.append(Lab(root / f"lab{len(labs)}", nodes))
+    def make(nodes: int = 2, filesystem: str = "nodecache") -> Lab:
+        reason = lab_unavailable(filesystem)
+        if reason:
+            if REQUIRED:
+                pytest.fail(f"the lab on {filesystem} is required here and cannot run: {reason}")
+            pytest.skip(reason)
+        labs.append(Lab(root / f"lab{len(labs)}", nodes, filesystem=filesystem))
         return labs[-1]
 
     try:

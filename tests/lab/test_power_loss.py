@@ -8,6 +8,12 @@ landed (the rank, its node, the point and the occurrence the fault log names); e
 step committed before the fault is still committed and verifies block by block on the
 disk; the relaunch restores exactly the newest of them, with no fallback, and ends bit
 for bit equal to the fault-free run.
+
+The same matrix runs on a real distributed file system, MooseFS (tests/lab/moosefs.py):
+there the power loss kills the nodes' clients with their write caches, and in one trial
+per backend also a chunkserver with what it had not fsync'd. The run directory's lock
+is held by a dead client's session there, so each relaunch waits out the lock's lease
+(a short one here, ``HPCKPT_LOCK_LEASE``) and takes the lock over.
 """
 
 from __future__ import annotations
@@ -74,6 +80,27 @@ CASES = [
 ]
 
 
+# the run lock's lease on MooseFS, where a dead node's flock stays held: the relaunch waits this long
+MOOSEFS_ENV = {"HPCKPT_LOCK_LEASE": "3"}
+MOOSEFS_CASES = [
+    pytest.param(*case.values, case.values[0] == "posix" or case.id.endswith("async-keep2"), id=case.id)
+    for case in CASES
+]
+
+
+@pytest.mark.parametrize("backend, protocol, blocking, keep, lose_server", MOOSEFS_CASES)
+def test_committed_steps_survive_a_power_loss_on_moosefs(
+    moosefs_lab, heat_reference, backend, protocol, blocking, keep, lose_server
+):
+    """The matrix on MooseFS; with ``lose_server`` chunkserver 1 loses power too (every
+    chunk has a second copy on chunkserver 2)."""
+    seed = sum(map(ord, f"moosefs{backend}{protocol}{blocking}{keep}"))
+    power_loss_trial(
+        moosefs_lab, heat_reference, backend, protocol, blocking, keep, seed,
+        env=MOOSEFS_ENV, lose_server=lose_server,
+    )
+
+
 SOAK = int(os.environ.get("HPCKPT_LAB_SOAK", "0"))  # `make soak`: more seeded trials
 
 
@@ -123,9 +150,11 @@ def power_loss_trial(
     seed: int,
     fault: tuple[str, int, int] | None = None,
     env: dict[str, str] | None = None,
+    lose_server: bool = False,
 ) -> list[int]:
     """One trial (see the module docstring), with a seeded ``fault`` unless one is given;
-    the steps committed before the fault (of rank 0's directory when uncoordinated)."""
+    the steps committed before the fault (of rank 0's directory when uncoordinated).
+    With ``lose_server``, MooseFS chunkserver 1 loses power with the nodes."""
     point, rank, nth = fault or fault_of(seed, protocol, keep)
     options = ["--backend", backend, "--protocol", protocol, "--keep", str(keep)]
     options += [] if blocking else ["--async"]
@@ -139,9 +168,11 @@ def power_loss_trial(
     assert log.read_text().split() == [point, str(rank), "stop", str(nth), str(stopped.node_pid)]
     before = committed(lab.disk, protocol)
     lab.power_loss(rank=rank, point=point)
+    if lose_server:
+        lab.lose_data_server(1)
     job.kill()
     after = committed(lab.disk, protocol)
-    assert [event.kind for event in lab.events] == ["power loss"]
+    assert [event.kind for event in lab.events] == ["power loss"] + ["data server loss"] * lose_server
     for key, steps in before.items():
         assert steps, f"the fault came before any step was committed ({key}): it tests nothing"
         if keep == 2:
@@ -164,6 +195,10 @@ def power_loss_trial(
     assert result.resumed_from == expected_resume(after, protocol)
     assert "CheckpointFallbackWarning" not in result.stderr
     assert result.checksum == heat_reference
+    # nodecache's flock dies with its node; MooseFS keeps a dead client's: the lock (rank 0's,
+    # at the run directory's root for both protocols) is taken over
+    takeovers = 1 if lab.moosefs is not None else 0
+    assert result.stderr.count("took over its lock") == takeovers, result.stderr[-3000:]
     return next(iter(before.values()))
 
 

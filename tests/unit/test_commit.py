@@ -72,6 +72,42 @@ def test_saving_a_committed_step_again_replaces_it(tmp_path):
     assert os.stat(run_dir.step_path(5)).st_ino != inode  # the new directory, exchanged into place
 
 
+def test_a_step_set_aside_by_an_interrupted_replacement_stays_committed(tmp_path):
+    """Where the file system cannot exchange directories (FUSE file systems such as
+    MooseFS), a replacement renames the committed step to ``.replaced`` first; a crash
+    right then leaves only that copy, which is listed, read, kept by retention and gc,
+    and replaced by the next save of that step."""
+    run_dir = RunDirectory(tmp_path)
+    for step in (4, 5):
+        commit_step(run_dir, step)
+    os.replace(run_dir.step_path(5), tmp_path / "step-00000005.replaced")  # the first rename, then a crash
+    assert run_dir.committed_steps() == [4, 5]
+    assert run_dir.step_path(5) == tmp_path / "step-00000005.replaced"
+    assert '"step":5' in run_dir.read_manifest(5)
+    assert retain(run_dir, (KeepNewest(2),)) == []
+    assert sorted(os.listdir(tmp_path)) == ["step-00000004", "step-00000005.replaced"]
+    (run_dir.prepare(5) / "data.h5").write_bytes(b"second")  # the relaunch saves step 5 again
+    commit(run_dir, 5)
+    assert sorted(os.listdir(tmp_path)) == ["step-00000004", "step-00000005"]
+    assert (run_dir.step_path(5) / "data.h5").read_bytes() == b"second"
+
+
+def test_a_step_saved_again_is_written_under_a_new_temporary_name(tmp_path):
+    """Another node's client may still resolve ``step-N.tmp`` to the directory the last
+    commit renamed into place (a cached directory entry): a save of the same step again
+    never reuses that name."""
+    run_dir = RunDirectory(tmp_path)
+    run_dir.begin(5)
+    commit_step(run_dir, 5)
+    run_dir.begin(5)
+    temp = run_dir.prepare(5)
+    assert temp.name == "step-00000005.1.tmp" and run_dir.committed_steps() == [5]
+    (temp / "data.h5").write_bytes(b"second")
+    commit(run_dir, 5)
+    assert sorted(os.listdir(tmp_path)) == ["step-00000005"]
+    assert (run_dir.step_path(5) / "data.h5").read_bytes() == b"second"
+
+
 def test_the_committed_sizes_are_the_writers_largest(tmp_path):
     """Rank 0 records what the writers saw after their fsyncs, not its own view."""
     assert merge_sizes([{"data.h5": 10}, {"data.h5": 4096, "b": 1}, {}]) == {"data.h5": 4096, "b": 1}

@@ -63,6 +63,7 @@ class StepSaver:
         """
         # laid out in groups and sharded: rank 0 never sees every block
         many = comm.size >= manifest_shard_ranks()
+        self.run_dir.begin(request.step)
         phases = PhaseRunner(comm, request.phase_prefix)
         context = SaveContext(request, self.run_dir, self.backend, phases, time.time())
         staged: StagedRank = phases.run("plan", lambda: self._stage(context, state))
