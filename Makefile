@@ -46,7 +46,8 @@ test-frameworks:
 test-fault:
 	$(PY) -m pytest tests/fault -q
 
-# The multi-node lab: simulated nodes (namespaces) with per-node file-system caches (docs/lab.md).
+# The multi-node lab: simulated nodes (namespaces) with per-node file-system caches, and the
+# same trials on a real MooseFS that the tests start (docs/lab.md).
 test-lab:
 	$(PY) -m pytest tests/lab -q -rs -p no:cacheprovider --timeout 170
 
@@ -85,6 +86,7 @@ demo:
 # then how planning grows from 1k to 100k ranks (perf/results/scale.json and scale.png).
 bench: install
 	$(PY) perf/suite.py --ranks 2 --out perf/results --dir .bench-suite
+	$(PY) perf/bench_dfs.py --out perf/results/dfs.json
 	$(PY) perf/bench_scale.py --out perf/results --mpiexec $(MPIEXEC)
 
 clean:

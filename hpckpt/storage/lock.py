@@ -11,8 +11,10 @@ thread of the holder rewrites it every quarter of ``HPCKPT_LOCK_LEASE`` seconds 
 Taking the lock:
 
 - a record that is released or empty is taken at once, and so is one whose ``flock`` is
-  granted and whose holder held ``flock`` (the kernel dropped it: the holder is gone) or is
-  provably gone from this machine;
+  granted and whose holder is provably gone from this machine (no process with its PID
+  and start time under the same host, boot and PID namespace); a granted ``flock`` alone
+  proves nothing about another node's holder, since ``flock`` is node-local on some file
+  systems (Lustre's ``localflock``, NFS without ``lockd``, FUSE file systems);
 - a holder that is provably alive on this machine (same host, boot and PID namespace, a
   process with its PID and start time) is refused at once, naming it;
 - otherwise (a holder on another node, whose ``flock`` a distributed file system may keep
@@ -47,6 +49,7 @@ LOCK_NAME = ".hpckpt.lock"
 TAKEOVER_PREFIX = f"{LOCK_NAME}.takeover-"
 LEASE_ENV = "HPCKPT_LOCK_LEASE"
 DEFAULT_LEASE_S = 30.0
+EXIT_GRACE_S = 1.0  # how long a holder alive on this machine is given to end before a refusal
 LONGEST_LEASE_S = 3600.0  # a foreign record's lease is believed up to this (or our own, if longer)
 
 
@@ -79,12 +82,25 @@ def _try_flock(descriptor: int) -> bool:
     return True
 
 
+def _alive_after_grace(record: Record) -> bool:
+    """Whether the holder is alive on this machine, given a second to end (a job killed just
+    before its relaunch may still be exiting)."""
+    deadline = time.monotonic() + EXIT_GRACE_S
+    while alive_here(record):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _free(raw: bytes, flocked: bool) -> bool:
     """Whether the lock the record ``raw`` describes may be taken at once."""
     record = parse(raw)
     if not raw.strip() or (record is not None and record.state == "released"):
         return True
-    return flocked and record is not None and (record.flock or alive_here(record) is False)
+    # a granted flock proves a holder gone only on this machine: where flock is node-local
+    # (Lustre's localflock, NFS without lockd, FUSE file systems) another node's holder may live
+    return flocked and record is not None and alive_here(record) is False
 
 
 class RunLock:
@@ -145,7 +161,7 @@ class RunLock:
         flocked = _try_flock(descriptor)
         raw = read_raw(self.path)
         record = parse(raw)
-        if record is not None and record.state == "held" and alive_here(record):
+        if record is not None and record.state == "held" and _alive_after_grace(record):
             raise self._in_use(raw)
         quiet, attempt, silent_since = _free(raw, flocked), 0, time.monotonic()
         while True:

@@ -87,13 +87,14 @@ def _machine() -> tuple[str, str | None, int | None]:
 
 
 def start_time(pid: int | str) -> int | None:
-    """The start time of process ``pid`` (``/proc/PID/stat``'s field 22), None when there is none."""
+    """The start time of process ``pid`` (``/proc/PID/stat``'s field 22), None when there is
+    none or it has exited (a zombie not yet reaped: its files, and so its flock, are closed)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return int(fields[19])
+    return None if fields[0] in ("Z", "X", "x") else int(fields[19])
 
 
 def new_record(lease_s: float, flock: bool) -> Record:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.lab.cluster import Lab
+from tests.lab.cluster import FILESYSTEMS, Lab
 
 FAULTS = ("none", "rank-kill", "node-loss", "power-loss")
 
@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--nodes", type=int, default=2)
         command.add_argument("--ranks-per-node", type=int, default=2)
         command.add_argument("--root", help="the lab's directory (default: a new temporary one)")
+        command.add_argument("--filesystem", choices=FILESYSTEMS, default="nodecache",
+                             help="the shared file system: the nodecache model or a real MooseFS")
     run = commands.choices["run"]
     run.add_argument("--fault", choices=FAULTS, default="none")
     run.add_argument(
@@ -103,7 +105,7 @@ def shell(args: argparse.Namespace, lab: Lab) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="hpckpt-lab-"))
-    with Lab(root, nodes=args.nodes) as lab:
+    with Lab(root, nodes=args.nodes, filesystem=args.filesystem) as lab:
         print(f"== lab of {args.nodes} nodes in {root}")
         return run(args, lab) if args.command == "run" else shell(args, lab)
 

@@ -45,6 +45,7 @@ NODEEXEC = Path(__file__).resolve().parent / "nodeexec"
 ROOT_ENV = "HPCKPT_LAB_ROOT"
 JOB_ENV = "HPCKPT_LAB_JOB"
 START_TIMEOUT = 10.0
+LEASE_ENV = "HPCKPT_LOCK_LEASE"
 
 
 class LabError(RuntimeError):
@@ -315,7 +316,8 @@ class Lab:
         """Start ``command`` (an ``mpiexec`` line, or ``hpckpt run -- mpiexec ...``) on the host."""
         self._jobs += 1
         job_id = f"{os.getpid()}-{self._jobs}"
-        environment = {**os.environ, **(env or {}), ROOT_ENV: str(self.root), JOB_ENV: job_id}
+        # a relaunch on fresh nodes waits out the lock's lease of its predecessor: a short one here
+        environment = {LEASE_ENV: "3", **os.environ, **(env or {}), ROOT_ENV: str(self.root), JOB_ENV: job_id}
         environment.pop("HPCKPT_RANKS_PER_NODE", None)
         process = subprocess.Popen(
             command,

@@ -35,6 +35,7 @@ from pathlib import Path
 MASTER_ADDRESS = "10.77.0.1"
 PEER_ADDRESS = "10.77.0.2"
 START_TIMEOUT = 20.0
+MIN_FREE_BYTES = 1 << 30  # the space the file system must report before a test uses it
 PROGRAMS = ("mfsmaster", "mfschunkserver", "mfsmount", "mfscheckfile", "mfssetgoal", "ip")
 # the nodes' clients: no flush at close; a lost chunkserver is retried a while (seconds)
 CLIENT_OPTIONS = "allow_other,mfsfsyncmintime=86400,mfsioretries=60"
@@ -200,8 +201,9 @@ class MooseFS:
         )
 
     def _wait_ready(self) -> None:
-        """Wait until a probe file written with fsync has ``goal`` valid copies; set the goal
-        of everything and a trash time of 0 (deleted files free their chunks at once)."""
+        """Wait until a probe file written with fsync has ``goal`` valid copies and the file
+        system reports free space; set the goal of everything and a trash time of 0
+        (deleted files free their chunks at once)."""
         in_netns = self.in_netns
         _run(in_netns(["mfssetgoal", "-r", str(self.goal), str(self.view)]))
         _run(in_netns(["mfssettrashtime", "-r", "0", str(self.view)]))
@@ -216,9 +218,12 @@ class MooseFS:
                     handle.flush()
                     os.fsync(handle.fileno())
                 last = _run(in_netns(["mfscheckfile", str(probe)])).stdout
-                if f"chunks with {self.goal} cop" in last:
+                space = os.statvfs(self.view)
+                free = space.f_bavail * space.f_frsize  # reported by the master a moment after registration
+                if f"chunks with {self.goal} cop" in last and free >= MIN_FREE_BYTES:
                     probe.unlink()
                     return
+                last += f"; {free} bytes free"
             except (OSError, subprocess.CalledProcessError) as exc:
                 last = str(exc)
             time.sleep(0.2)

@@ -13,7 +13,10 @@
  * loses every unsynced byte of this node and nothing of any other node.
  *
  * Metadata operations (create, mkdir, rename, unlink, truncate, chmod) go straight
- * to BACKING, as in LazyFS: lost renames are not modelled.
+ * to BACKING, as in LazyFS: lost renames are not modelled. Directory entries are cached
+ * as on MooseFS or NFS clients (NODECACHE_DENTRY_TTL seconds, default 1): a directory
+ * this node looked up is found under that name for that long, even after another node
+ * renamed it away and made a new one of the name.
  *
  * Faults: while the file named by the environment variable NODECACHE_FAIL_WRITES
  * exists, every write and fsync through this mount fails with EIO (a failing disk or
@@ -37,6 +40,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 static int backing = -1; /* descriptor of the backing directory */
@@ -63,7 +67,122 @@ struct dirty {
 
 static struct dirty *files = NULL;
 
-static const char *rel(const char *path) { return path[1] ? path + 1 : "."; }
+/* The node's cache of directory entries, as the clients of MooseFS (mfsdirentrycacheto)
+ * and NFS keep one: for NODECACHE_DENTRY_TTL seconds (default 1; 0: none) after this node
+ * looked a directory up, its name leads to the directory it found then, even when
+ * another node has renamed that directory away and put a new one under the name since.
+ * This node's own renames, mkdirs and rmdirs update its cache, as the kernel does. */
+#define DENTRIES 1024
+struct dentry {
+    char path[PATH_MAX];
+    ino_t ino;
+    double at; /* 0: free */
+};
+static struct dentry dentries[DENTRIES];
+static double dentry_ttl = 1.0;
+static int next_dentry = 0;
+static pthread_mutex_t dentry_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Whether path equals prefix or lies under it. */
+static int under(const char *path, const char *prefix, size_t length) {
+    return strncmp(path, prefix, length) == 0 && (path[length] == 0 || path[length] == '/');
+}
+
+/* Remember that directory path (as this node names it) is inode ino, unless a fresh entry
+ * has it already (a cached entry expires; looking it up again does not renew it). */
+static void remember(const char *path, ino_t ino) {
+    if (dentry_ttl <= 0 || !*path || strlen(path) >= PATH_MAX) return;
+    double fresh = now() - dentry_ttl;
+    pthread_mutex_lock(&dentry_lock);
+    struct dentry *slot = NULL;
+    for (int i = 0; i < DENTRIES && !slot; i++)
+        if (dentries[i].at && !strcmp(dentries[i].path, path)) slot = &dentries[i];
+    if (slot && slot->at >= fresh) {
+        pthread_mutex_unlock(&dentry_lock);
+        return;
+    }
+    if (!slot) {
+        slot = &dentries[next_dentry];
+        next_dentry = (next_dentry + 1) % DENTRIES;
+    }
+    strcpy(slot->path, path);
+    slot->ino = ino;
+    slot->at = now();
+    pthread_mutex_unlock(&dentry_lock);
+}
+
+/* This node's own change under path: entries at or under it are dropped, or (to) moved. */
+static void moved(const char *path, const char *to) {
+    size_t length = strlen(path);
+    pthread_mutex_lock(&dentry_lock);
+    for (int i = 0; i < DENTRIES; i++) {
+        struct dentry *d = &dentries[i];
+        if (!d->at) continue;
+        if (to && under(d->path, to, strlen(to))) d->at = 0; /* replaced by the rename */
+        else if (under(d->path, path, length)) {
+            if (to && strlen(to) + strlen(d->path) - length < PATH_MAX) {
+                char rest[PATH_MAX];
+                strcpy(rest, d->path + length);
+                snprintf(d->path, PATH_MAX, "%s%s", to, rest);
+            } else d->at = 0;
+        }
+    }
+    pthread_mutex_unlock(&dentry_lock);
+}
+
+/* The backing path of path: the longest cached directory on it that another node renamed
+ * away is followed to its new name in the same parent (where the name now leads elsewhere). */
+static const char *rel(const char *path) {
+    const char *plain = path[1] ? path + 1 : ".";
+    if (dentry_ttl <= 0) return plain;
+    static __thread char buffers[4][PATH_MAX];
+    static __thread int turn = 0;
+    char stale[PATH_MAX] = "";
+    ino_t ino = 0;
+    double fresh = now() - dentry_ttl;
+    pthread_mutex_lock(&dentry_lock);
+    for (int i = 0; i < DENTRIES; i++) {
+        struct dentry *d = &dentries[i];
+        size_t length = strlen(d->path);
+        struct stat st;
+        if (d->at < fresh || length <= strlen(stale) || !under(plain, d->path, length)) continue;
+        if (fstatat(backing, d->path, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_ino == d->ino) continue;
+        strcpy(stale, d->path);
+        ino = d->ino;
+    }
+    pthread_mutex_unlock(&dentry_lock);
+    if (!*stale) return plain;
+    char parent[PATH_MAX];
+    strcpy(parent, stale);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0;
+    else strcpy(parent, ".");
+    int fd = openat(backing, parent, O_RDONLY | O_DIRECTORY);
+    DIR *dir = fd < 0 ? NULL : fdopendir(fd);
+    if (!dir) {
+        if (fd >= 0) close(fd);
+        return plain;
+    }
+    char *out = buffers[turn];
+    turn = (turn + 1) % 4;
+    const char *found = NULL;
+    struct dirent *entry;
+    while ((entry = readdir(dir)))
+        if (entry->d_ino == ino && strcmp(entry->d_name, ".") && strcmp(entry->d_name, "..")) {
+            found = entry->d_name;
+            break;
+        }
+    if (found)
+        snprintf(out, PATH_MAX, "%s%s%s%s", slash ? parent : "", slash ? "/" : "", found, plain + strlen(stale));
+    closedir(dir);
+    return found ? out : plain;
+}
 
 /* The birth time of the open file fd (fd >= 0) or of path under the backing directory. */
 static struct timespec birth(int fd, const char *path) {
@@ -132,6 +251,23 @@ static void cut(struct dirty *d, off_t size) {
 /* Record bytes [offset, offset + length) as dirty, merging with touching extents. */
 static int add(struct dirty *d, const char *buf, size_t length, off_t offset) {
     off_t start = offset, end = offset + (off_t)length;
+    /* A write that touches one extent only, starting inside or at its end (sequential
+     * writes): grown in place, not copied whole again (that was quadratic). */
+    struct extent *only = NULL;
+    int touching = 0;
+    for (struct extent *e = d->extents; e; e = e->next)
+        if (e->start + (off_t)e->length >= offset && e->start <= end && touching++ == 0) only = e;
+    if (touching == 1 && only->start <= offset) {
+        off_t only_end = only->start + (off_t)only->length;
+        if (end > only_end) {
+            char *grown = realloc(only->bytes, (size_t)(end - only->start));
+            if (!grown) return -ENOMEM;
+            only->bytes = grown;
+            only->length = (size_t)(end - only->start);
+        }
+        memcpy(only->bytes + (offset - only->start), buf, length);
+        return 0;
+    }
     for (struct extent *e = d->extents; e; e = e->next) {
         off_t e_end = e->start + (off_t)e->length;
         if (e_end >= offset && e->start <= offset + (off_t)length) {
@@ -236,8 +372,10 @@ static void *nc_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
 }
 
 static int nc_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
-    int res = fi ? fstat((int)fi->fh, st) : fstatat(backing, rel(path), st, AT_SYMLINK_NOFOLLOW);
+    const char *where = rel(path);
+    int res = fi ? fstat((int)fi->fh, st) : fstatat(backing, where, st, AT_SYMLINK_NOFOLLOW);
     if (res < 0) return -errno;
+    if (!fi && S_ISDIR(st->st_mode)) remember(path + 1, st->st_ino);
     if (S_ISREG(st->st_mode)) adjust_size(st, fi ? (int)fi->fh : -1, path);
     return 0;
 }
@@ -381,8 +519,16 @@ static int nc_unlink(const char *path) {
     return 0;
 }
 
-static int nc_mkdir(const char *path, mode_t mode) { return mkdirat(backing, rel(path), mode) < 0 ? -errno : 0; }
-static int nc_rmdir(const char *path) { return unlinkat(backing, rel(path), AT_REMOVEDIR) < 0 ? -errno : 0; }
+static int nc_mkdir(const char *path, mode_t mode) {
+    if (mkdirat(backing, rel(path), mode) < 0) return -errno;
+    moved(path + 1, NULL);
+    return 0;
+}
+static int nc_rmdir(const char *path) {
+    if (unlinkat(backing, rel(path), AT_REMOVEDIR) < 0) return -errno;
+    moved(path + 1, NULL);
+    return 0;
+}
 
 static int nc_rename(const char *from, const char *to, unsigned int flags) {
     struct stat st;
@@ -390,6 +536,10 @@ static int nc_rename(const char *from, const char *to, unsigned int flags) {
     struct timespec born = birth(-1, to);
     if (renameat2(backing, rel(from), backing, rel(to), flags) < 0) return -errno;
     if (replaced) forget(&st, born);
+    if (flags & RENAME_EXCHANGE) { /* both names now lead elsewhere: forget both */
+        moved(from + 1, NULL);
+        moved(to + 1, NULL);
+    } else moved(from + 1, to + 1);
     return 0;
 }
 
@@ -462,6 +612,8 @@ int main(int argc, char *argv[]) {
         fprintf(stderr, "usage: %s BACKING MOUNTPOINT [fuse options]\n", argv[0]);
         return 2;
     }
+    const char *ttl = getenv("NODECACHE_DENTRY_TTL");
+    if (ttl && *ttl) dentry_ttl = atof(ttl);
     fail_writes = getenv("NODECACHE_FAIL_WRITES");
     if (fail_writes && !*fail_writes) fail_writes = NULL;
     backing = open(argv[1], O_RDONLY | O_DIRECTORY);

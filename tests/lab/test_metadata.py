@@ -19,7 +19,7 @@ import pytest
 from hpckpt.catalog import CheckpointReader
 from tests.lab.cluster import REPO
 from tests.lab.helpers import heat
-from tests.lab.test_power_loss import MOOSEFS_ENV, power_loss_trial
+from tests.lab.test_power_loss import assert_lock_taken, power_loss_trial
 
 FILESYSTEMS = ("nodecache", "moosefs")
 RESAVE = str(REPO / "tests" / "jobs" / "resave.py")
@@ -33,7 +33,6 @@ METADATA_POINTS = [
 # where the second commit of a step number stops: between the two renames of a replacement
 # on MooseFS (no atomic exchange through its FUSE client), after the exchange on nodecache
 REPLACEMENT_POINT = {"moosefs": ("commit.set_aside", "2"), "nodecache": ("commit.exchanged", "3")}
-ENV = {"moosefs": MOOSEFS_ENV, "nodecache": {}}
 
 
 @pytest.mark.parametrize("filesystem", FILESYSTEMS)
@@ -41,7 +40,7 @@ ENV = {"moosefs": MOOSEFS_ENV, "nodecache": {}}
 def test_the_node_that_renamed_or_deleted_loses_power(lab_factory, heat_reference, filesystem, point, nth):
     lab = lab_factory(2, filesystem)
     steps = power_loss_trial(
-        lab, heat_reference, "posix", "coordinated", True, 2, 0, (point, 0, nth), ENV[filesystem]
+        lab, heat_reference, "posix", "coordinated", True, 2, 0, (point, 0, nth)
     )
     assert steps[-1] == 40 if point in ("commit.renamed", "save.retain") else steps == [30, 40]
 
@@ -56,7 +55,7 @@ def test_a_step_saved_again_survives_a_power_loss_during_its_replacement(lab_fac
     log = lab.root / "faults.log"
     job = lab.start(
         lab.mpiexec([sys.executable, RESAVE, "ckpt"]),
-        env={**ENV[filesystem], "HPCKPT_FAULT": f"{point}:0:stop:1", "HPCKPT_FAULT_LOG": str(log)},
+        env={"HPCKPT_FAULT": f"{point}:0:stop:1", "HPCKPT_FAULT_LOG": str(log)},
     )
     stopped = job.wait_stopped()
     assert (stopped.rank, stopped.node) == (0, "node1")
@@ -66,10 +65,10 @@ def test_a_step_saved_again_survives_a_power_loss_during_its_replacement(lab_fac
     reader = CheckpointReader(lab.disk / "ckpt")
     assert reader.steps() == [1, 2]
     assert reader.verify(2) == []
-    check = lab.run(lab.mpiexec([sys.executable, RESAVE, "ckpt", "--check"]), ENV[filesystem])
+    check = lab.run(lab.mpiexec([sys.executable, RESAVE, "ckpt", "--check"]))
     assert check.returncode == 0, check.stderr[-3000:]
     assert f"resave: restored step=2 version={version}" in check.stdout
-    assert check.stderr.count("took over its lock") == (filesystem == "moosefs")
+    assert_lock_taken(lab, check.stderr)
 
 
 @pytest.mark.parametrize("filesystem", FILESYSTEMS)
@@ -79,10 +78,10 @@ def test_a_step_saved_again_right_after_its_commit_is_replaced_whole(lab_factory
     entries for 1 s), so the second save writes under a new name; step 2 ends intact,
     the second version throughout."""
     lab = lab_factory(2, filesystem)
-    save = lab.run(lab.mpiexec([sys.executable, RESAVE, "ckpt"]), ENV[filesystem])
+    save = lab.run(lab.mpiexec([sys.executable, RESAVE, "ckpt"]))
     assert save.returncode == 0 and "resave: done" in save.stdout, save.stderr[-3000:]
     assert CheckpointReader(lab.disk / "ckpt").verify(2) == []
-    check = lab.run(lab.mpiexec([sys.executable, RESAVE, "ckpt", "--check"]), ENV[filesystem])
+    check = lab.run(lab.mpiexec([sys.executable, RESAVE, "ckpt", "--check"]))
     assert "resave: restored step=2 version=3" in check.stdout, check.stderr[-3000:]
 
 
@@ -110,7 +109,7 @@ def test_another_node_lists_the_run_directory_right_after_a_commit(lab_factory, 
     log = lab.root / "faults.log"
     job = lab.start(
         lab.mpiexec(heat("ckpt", "--backend", "posix", "--keep", "100")),
-        env={**ENV[filesystem], "HPCKPT_FAULT": "save.retain:0:stop:3", "HPCKPT_FAULT_LOG": str(log)},
+        env={"HPCKPT_FAULT": "save.retain:0:stop:3", "HPCKPT_FAULT_LOG": str(log)},
     )
     node2 = lab.nodes["node2"]
 
@@ -128,3 +127,23 @@ def test_another_node_lists_the_run_directory_right_after_a_commit(lab_factory, 
     assert (steps, problems) == ([10, 20, 30], []), (steps, problems)
     print(f"{filesystem}: node2 saw step 30 {delay:.3f} s after it looked")
     assert delay < 2.0
+
+
+@pytest.mark.parametrize("filesystem", FILESYSTEMS)
+def test_a_cached_directory_entry_leads_to_the_renamed_directory(lab_factory, filesystem):
+    """What the new temporary name of a step saved again guards against, on MooseFS and as
+    nodecache models it: node2 lists and looks up ``d.tmp``; node1 renames it to ``d`` and
+    makes a new ``d.tmp``; node2, within its cache time, writes ``d.tmp/f``: into ``d``."""
+    lab = lab_factory(2, filesystem)
+    work = lab.pfs / "work"
+
+    def on(node: str, script: str) -> None:
+        done = lab.nodes[node].run(["bash", "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+    on("node1", f"mkdir -p {work}/d.tmp && sync")
+    on("node2", f"ls {work} > /dev/null && stat {work}/d.tmp > /dev/null")
+    on("node1", f"mv {work}/d.tmp {work}/d && mkdir {work}/d.tmp")
+    on("node2", f"echo x > {work}/d.tmp/f && sync {work}/d.tmp/f")
+    assert sorted(path.name for path in (lab.disk / "work" / "d").iterdir()) == ["f"]
+    assert list((lab.disk / "work" / "d.tmp").iterdir()) == []

@@ -12,8 +12,8 @@ for bit equal to the fault-free run.
 The same matrix runs on a real distributed file system, MooseFS (tests/lab/moosefs.py):
 there the power loss kills the nodes' clients with their write caches, and in one trial
 per backend also a chunkserver with what it had not fsync'd. The run directory's lock
-is held by a dead client's session there, so each relaunch waits out the lock's lease
-(a short one here, ``HPCKPT_LOCK_LEASE``) and takes the lock over.
+is held by a dead client's session there. On both, the relaunch on fresh nodes waits out
+the lock's lease (a short one in the lab, ``HPCKPT_LOCK_LEASE``) and takes it over.
 """
 
 from __future__ import annotations
@@ -80,8 +80,6 @@ CASES = [
 ]
 
 
-# the run lock's lease on MooseFS, where a dead node's flock stays held: the relaunch waits this long
-MOOSEFS_ENV = {"HPCKPT_LOCK_LEASE": "3"}
 MOOSEFS_CASES = [
     pytest.param(*case.values, case.values[0] == "posix" or case.id.endswith("async-keep2"), id=case.id)
     for case in CASES
@@ -97,7 +95,7 @@ def test_committed_steps_survive_a_power_loss_on_moosefs(
     seed = sum(map(ord, f"moosefs{backend}{protocol}{blocking}{keep}"))
     power_loss_trial(
         moosefs_lab, heat_reference, backend, protocol, blocking, keep, seed,
-        env=MOOSEFS_ENV, lose_server=lose_server,
+        lose_server=lose_server,
     )
 
 
@@ -195,11 +193,18 @@ def power_loss_trial(
     assert result.resumed_from == expected_resume(after, protocol)
     assert "CheckpointFallbackWarning" not in result.stderr
     assert result.checksum == heat_reference
-    # nodecache's flock dies with its node; MooseFS keeps a dead client's: the lock (rank 0's,
-    # at the run directory's root for both protocols) is taken over
-    takeovers = 1 if lab.moosefs is not None else 0
-    assert result.stderr.count("took over its lock") == takeovers, result.stderr[-3000:]
+    assert_lock_taken(lab, result.stderr)
     return next(iter(before.values()))
+
+
+def assert_lock_taken(lab, stderr: str) -> None:
+    """The relaunch after a power loss took rank 0's lock (at the run directory's root for
+    both protocols) without anyone's help. MooseFS keeps the dead client's flock: the lease
+    is waited out and the lock taken over with one warning. On nodecache the fresh node's
+    PID namespace may have the dead one's identity (the kernel reuses its inode number),
+    where the holder's process is provably gone and the lock is taken at once."""
+    takeovers = stderr.count("took over its lock")
+    assert takeovers == 1 if lab.moosefs is not None else takeovers <= 1, stderr[-3000:]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
