@@ -84,7 +84,8 @@ def _try_flock(descriptor: int) -> bool:
 
 def _alive_after_grace(record: Record) -> bool:
     """Whether the holder is alive on this machine, given a second to end (a job killed just
-    before its relaunch may still be exiting)."""
+    before its relaunch may still be exiting).
+    """
     deadline = time.monotonic() + EXIT_GRACE_S
     while alive_here(record):
         if time.monotonic() > deadline:

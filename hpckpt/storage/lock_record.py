@@ -88,7 +88,8 @@ def _machine() -> tuple[str, str | None, int | None]:
 
 def start_time(pid: int | str) -> int | None:
     """The start time of process ``pid`` (``/proc/PID/stat``'s field 22), None when there is
-    none or it has exited (a zombie not yet reaped: its files, and so its flock, are closed)."""
+    none or it has exited (a zombie not yet reaped: its files, and so its flock, are closed).
+    """
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
