@@ -16,7 +16,8 @@ Taking the lock:
   proves nothing about another node's holder, since ``flock`` is node-local on some file
   systems (Lustre's ``localflock``, NFS without ``lockd``, FUSE file systems);
 - a holder that is provably alive on this machine (same host, boot and PID namespace, a
-  process with its PID and start time) is refused at once, naming it;
+  live process with its PID and start time) is refused, naming it, once it has had a
+  second to exit (a job killed just before its relaunch);
 - otherwise (a holder on another node, whose ``flock`` a distributed file system may keep
   for minutes after that node lost power) the record is watched for its holder's lease and
   a quarter more: a renewal means the holder is alive and is refused; no renewal means it
