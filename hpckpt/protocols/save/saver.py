@@ -63,11 +63,11 @@ class StepSaver:
         """
         # laid out in groups and sharded: rank 0 never sees every block
         many = comm.size >= manifest_shard_ranks()
-        self.run_dir.begin(request.step)
         phases = PhaseRunner(comm, request.phase_prefix)
         context = SaveContext(request, self.run_dir, self.backend, phases, time.time())
         staged: StagedRank = phases.run("plan", lambda: self._stage(context, state))
         layout = self._lay_out(context, staged, many)
+        self.run_dir.begin(request.step)  # every rank saves this step (the layout's agreement checked it)
         phases.run("prepare", lambda: self._prepare(context, layout))
         later = checksum_in_background(staged.later)
         values = staged.plan.values if layout.outline is None else layout.outline.values
