@@ -125,6 +125,7 @@ class Attachment:
     def _attach(self, comm: MPI.Comm) -> MPI.Comm:
         """Duplicate ``comm`` for hpckpt and take the run directory's lock on its rank 0."""
         control = self._comm = comm.Dup()
+        self.run_dir.forget_saves()  # a repair's replacements counted none (temporary names)
         take = self._lock.acquire if control.rank == 0 and not self._lock.held else lambda: None
         run_phase(control, "open run directory", take)
         return control

@@ -207,6 +207,13 @@ class RunDirectory:
         """
         self._saves[step] = self._saves.get(step, 0) + 1
 
+    def forget_saves(self) -> None:
+        """Forget the saves :meth:`begin` counted. Every rank of a communicator repaired in the
+        job calls it, so that the survivors agree with the replacements, which counted none.
+        Not collective.
+        """
+        self._saves = {}
+
     def step_path(self, step: int) -> Path:
         """The directory of committed step ``step``: in place, or its set-aside copy
         where a replacement was interrupted (:func:`~.names.committed_entries`).
