@@ -3,7 +3,8 @@
 One JSON line (see :class:`Record`), written whole at offset 0 and flushed to the storage
 so that other nodes' clients see it; read back on a fresh descriptor every time, since
 another node may have rewritten it. A record of the older text form (``host H pid P slurm
-job J since S``) is read as a holder that held ``flock``; anything else unreadable is an
+job J since S``) is read as a holder that held ``flock`` (whose liveness this machine
+cannot prove: it has no boot id or PID namespace); anything else unreadable is an
 unknown holder. Nothing here is collective.
 """
 
@@ -41,8 +42,9 @@ class Record:
     slurm_job, since
         The Slurm job id (None outside Slurm) and when the lock was taken (local time).
     flock
-        Whether the holder holds ``flock`` on the lock file (a dropped ``flock`` means
-        the holder is gone).
+        Whether the holder holds ``flock`` on the lock file. Informative only: ``flock``
+        is node-local on some file systems, so a granted one proves nothing about a
+        holder on another node.
     state
         ``"held"``, or ``"released"`` once the holder let go.
     renewals

@@ -36,7 +36,7 @@ MASTER_ADDRESS = "10.77.0.1"
 PEER_ADDRESS = "10.77.0.2"
 START_TIMEOUT = 20.0
 MIN_FREE_BYTES = 1 << 30  # the space the file system must report before a test uses it
-PROGRAMS = ("mfsmaster", "mfschunkserver", "mfsmount", "mfscheckfile", "mfssetgoal", "ip")
+PROGRAMS = ("mfsmaster", "mfschunkserver", "mfsmount", "mfscheckfile", "mfssetgoal", "mfssettrashtime", "ip")
 # the nodes' clients: no flush at close; a lost chunkserver is retried a while (seconds)
 CLIENT_OPTIONS = "allow_other,mfsfsyncmintime=86400,mfsioretries=60"
 # the machine's view: no data, attribute or directory-entry cache
@@ -249,7 +249,3 @@ class MooseFS:
         is gone); a fresh one starts on the same disk."""
         self._data_servers[index].kill()
         self._start_data_server(index)
-
-    def copies(self, path: Path) -> str:
-        """``mfscheckfile``'s account of how many copies the chunks of ``path`` have."""
-        return _run(self.in_netns(["mfscheckfile", str(path)])).stdout
