@@ -115,7 +115,7 @@ def test_another_node_lists_the_run_directory_right_after_a_commit(lab_factory, 
 
     def listing(newest: int) -> list:
         done = node2.run([sys.executable, "-c", LISTING, str(lab.pfs / "ckpt"), str(newest)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
         return json.loads(done.stdout)
 
@@ -138,7 +138,7 @@ def test_a_cached_directory_entry_leads_to_the_renamed_directory(lab_factory, fi
     work = lab.pfs / "work"
 
     def on(node: str, script: str) -> None:
-        done = lab.nodes[node].run(["bash", "-c", script], capture_output=True, text=True)
+        done = lab.nodes[node].run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
 
     on("node1", f"mkdir -p {work}/d.tmp && sync")
