@@ -73,6 +73,13 @@ class AlignedPool:
             del self._free[: max(0, len(self._free) - self._keep)]
 
 
+PACK_BUFFERS = AlignedPool(keep=2)
+"""The buffers of pack blocks (a rank's small Local leaves in one block), kept from save
+to save, and from a restore's read of its packs to the next save: a relaunched job's
+first save then packs into memory already touched (a new 160 MiB buffer's first touch
+cost more than the copy into it)."""
+
+
 def _numpy_view(array: Any) -> np.ndarray:
     """A NumPy array sharing ``array``'s memory where possible (bfloat16: its uint16 bits)."""
     if is_bfloat16(array):

@@ -14,9 +14,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._comm import run_phase
+from ..model.manifest import Manifest
 from ..protocols.background import staging_bytes
 from ..protocols.restore import RestoreChoice, Restored, list_committed_steps, restore_newest
-from ..protocols.save import LayoutMemory, SaveReport, SaveRequest, StepSaver
+from ..protocols.save import CommittedLayout, LayoutMemory, SaveReport, SaveRequest, StepSaver
 from .background import BackgroundSaves, SaveHandle
 from .base import Engine
 
@@ -35,7 +36,8 @@ class CoordinatedEngine(Engine):
 
     def __init__(self, control: MPI.Comm, run_dir: RunDirectory, backend: Backend, options: Options) -> None:
         super().__init__(control, run_dir, backend, options)
-        # a later save of the same layout reuses it (protocols/save/agreement.py)
+        # a later save of the same layout, or the first after a restore, reuses it
+        # (protocols/save/agreement.py)
         self.layouts = LayoutMemory()
 
     def save(
@@ -116,7 +118,10 @@ class CoordinatedEngine(Engine):
         return list_committed_steps(self.control, self.run_dir)
 
     def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
-        return restore_newest(self.control, self.run_dir, self.backend, state, choice)
+        def keep(step: int, manifest: Manifest | None) -> None:  # the next save may lay out as the step did
+            self.layouts.committed = CommittedLayout.of(step, manifest, self.backend, self.control.size)
+
+        return restore_newest(self.control, self.run_dir, self.backend, state, choice, keep)
 
     def close(self, *, drain: bool) -> None:
         """Stop the non-blocking saves; ``drain`` first finishes them (collective), then

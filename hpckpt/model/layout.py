@@ -43,9 +43,13 @@ from .records import PACK_PATH, Block, LeafRecord, describe_encoding
 __all__ = [
     "DIGEST_BITS", "LATER", "MIN_REPLICATED_CHUNK", "PACK_LIMIT", "AgreedLayout", "GroupSummary",
     "GroupsVerdict", "LeafPlan", "PlannedMember", "RankPlan", "check_groups", "fill_checksums", "merge_group",
-    "merge_plans", "pack_plan", "packed_bytes", "plan_digests", "records_by_rank", "replicated_chunks",
-    "running_totals",
+    "merge_plans", "pack_plan", "packed_bytes", "plan_digests", "planned_blocks", "recorded_blocks",
+    "records_by_rank", "replicated_chunks", "running_totals",
 ]
+
+BlockKey = tuple[Any, ...]
+"""What decides where a block goes: its leaf's kind, dtype, encoding and whole shape,
+the block's box, members and encoded size (:func:`planned_blocks`, :func:`recorded_blocks`)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,34 @@ class AgreedLayout:
         """
         own = tuple((record, block) for record in records for block in record.blocks if block.rank == rank)
         return cls(step, digest, size, tuple(records), own, nbytes)
+
+
+def planned_blocks(plan: RankPlan, rank: int, size: int) -> dict[str, BlockKey]:
+    """The blocks a merge of the plans of ``size`` ranks gives ``rank`` from its ``plan``,
+    by leaf path, as :data:`BlockKey` (a replicated leaf: its row chunk ``rank``, if
+    there is one). Pure; compared with :func:`recorded_blocks` of a committed step.
+    """
+    keys = {}
+    for leaf in plan.leaves:
+        whole = leaf.shape if leaf.kind == LeafKind.REPLICATED else leaf.global_shape
+        for block in leaf_blocks([(rank, leaf)], size):
+            keys[leaf.path] = _block_key(str(leaf.kind), leaf.dtype, leaf.encoding, whole, block)
+    return keys
+
+
+def recorded_blocks(records: Sequence[LeafRecord], rank: int) -> dict[str, BlockKey]:
+    """The blocks of ``rank`` in laid-out ``records``, by leaf path, as :data:`BlockKey`. Pure."""
+    return {
+        record.path: _block_key(str(record.kind), record.dtype, record.encoding, record.global_shape, block)
+        for record in records for block in record.blocks if block.rank == rank
+    }
+
+
+def _block_key(
+    kind: str, dtype: str, encoding: str | None, whole: tuple[int, ...] | None, block: Block
+) -> BlockKey:
+    members = tuple(tuple(member) for member in block.members)
+    return (kind, dtype, encoding, whole, block.offset, block.shape, members, block.stored_bytes, block.codec)
 
 
 def records_by_rank(

@@ -31,6 +31,7 @@ records the refusal, warns and tries the next older step, in one place
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -96,9 +97,13 @@ def restore_newest(
     backend: Backend,
     state: Any,
     choice: RestoreChoice = RestoreChoice(),
+    keep_manifest: Callable[[int, Manifest | None], None] | None = None,
 ) -> Restored | None:
     """Fill ``state`` from the newest committed step that verifies (``choice.step``: from
     that step alone); say which step, and what was left alone (see :class:`RestoreChoice`).
+    ``keep_manifest(step, manifest)`` is then called on every rank with the step
+    restored and, on rank 0, its manifest read whole (None elsewhere, and for a manifest
+    in shards): an engine keeps its layout for its next save.
 
     Collective over ``comm``: all ranks must call with trees of the same structure.
     Returns None when the run directory has no committed step. Without
@@ -123,10 +128,13 @@ def restore_newest(
     fallbacks = _Fallbacks(run_dir, steps, comm.rank)
     for step in reversed(steps):
         try:
-            manifest = StepAttempt(comm, run_dir, backend, target, step).restore()
+            attempt = StepAttempt(comm, run_dir, backend, target, step)
+            manifest = attempt.restore()
         except StepRefusedError as refused:  # on every rank alike: agreed phases found why
             fallbacks.record(refused)
             continue
+        if keep_manifest is not None:
+            keep_manifest(step, attempt.whole)
         return _restored(step, manifest, slots, comm.rank, tuple(fallbacks.warned))
     raise fallbacks.failure()
 

@@ -19,7 +19,7 @@ buffers and copied back once everything verified (:meth:`ReadPlan.copy_to_device
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, is_device_array
-from ..buffers.host import writable_target
+from ..buffers.host import PACK_BUFFERS, writable_target
 from ..errors import CorruptCheckpointError
 from ..model.kinds import LeafKind
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
@@ -161,6 +161,32 @@ class _Share:
     path: str = ""
 
 
+class _PackReads:
+    """One read of each pack block that this rank's packed leaves are in, into buffers
+    of :data:`~hpckpt.buffers.host.PACK_BUFFERS`.
+    """
+
+    def __init__(self, pack: LeafRecord | None = None) -> None:
+        self._pack = pack
+        self._reads: dict[int, BlockData] = {}
+        self._lent: list[np.ndarray] = []
+
+    def of(self, rank: int) -> BlockData:
+        """The read of writer ``rank``'s pack block, shared by all its members."""
+        if rank not in self._reads:
+            assert self._pack is not None  # a member's block exists only where a pack does
+            block = self._pack.block_of(rank)
+            buffer = PACK_BUFFERS.take(block.size)
+            self._lent.append(buffer)
+            self._reads[rank] = BlockData(self._pack, block, buffer[: block.size])
+        return self._reads[rank]
+
+    def give_back(self) -> None:
+        """Return the buffers, once every member is copied out. This rank alone."""
+        lent, self._lent = self._lent, []
+        PACK_BUFFERS.give_back(lent)
+
+
 @dataclass(frozen=True)
 class ReadPlan:
     """The pieces this rank reads, and the replicated chunks every rank receives from
@@ -169,15 +195,19 @@ class ReadPlan:
 
     pieces: list[Piece]
     shares: list[_Share]
+    packs: _PackReads = field(default_factory=_PackReads)
 
     def requests(self) -> list[BlockData]:
         """Each block to read, once (the members of a pack block share its read). This rank alone."""
         return list({id(piece.request): piece.request for piece in self.pieces}.values())
 
     def put_in_place(self) -> None:
-        """Copy every verified piece into its leaf. This rank alone."""
+        """Copy every verified piece into its leaf, then lend the pack reads' buffers to
+        the next save. This rank alone.
+        """
         for piece in self.pieces:
             piece.put_in_place()
+        self.packs.give_back()
 
     def share_replicated(self, comm: MPI.Comm) -> None:
         """Broadcast each replicated chunk from the rank that read it. Collective over
@@ -215,7 +245,7 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
     """
     stored = {record.path: record for record in manifest.tree_leaves}
     source = target.local_source(manifest.world_size)
-    packs = _PackReads(manifest)
+    packs = _PackReads(manifest.pack)
     pieces: list[Piece] = []
     shares: list[_Share] = []
     for slot in target.slots:
@@ -241,7 +271,7 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
             owner = source if leaf.kind == LeafKind.LOCAL and source is not None else target.rank
             block = record.block_of(owner)
             pieces.append(_local_piece(leaf, record, block, destination, device, packs))
-    return ReadPlan(pieces, shares)
+    return ReadPlan(pieces, shares, packs)
 
 
 def _local_piece(
@@ -290,22 +320,6 @@ def _overlapping(
         read = BlockData(record, block, buffer)
         pieces.append(SlicedRead(read, destination, overlap.into, overlap.taken, device))
     return pieces
-
-
-class _PackReads:
-    """One read of each pack block that this rank's packed leaves are in."""
-
-    def __init__(self, manifest: Manifest) -> None:
-        self._pack = manifest.pack
-        self._reads: dict[int, BlockData] = {}
-
-    def of(self, rank: int) -> BlockData:
-        """The read of writer ``rank``'s pack block, shared by all its members."""
-        if rank not in self._reads:
-            assert self._pack is not None  # a member's block exists only where a pack does
-            block = self._pack.block_of(rank)
-            self._reads[rank] = BlockData(self._pack, block, np.empty(block.shape, dtype=np.uint8))
-        return self._reads[rank]
 
 
 def read_and_verify(

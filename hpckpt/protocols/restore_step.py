@@ -20,7 +20,7 @@ from ..model.manifest import Manifest
 from ..storage.base import Backend
 from ..storage.commit import RunDirectory
 from .restore_checks import StepNotMatchingError, differences, refuse_on
-from .restore_manifest import open_manifest
+from .restore_manifest import WholeManifest, open_manifest
 from .restore_reads import ReadPlan, plan_reads, read_and_verify
 from .restore_target import RestoreTarget
 
@@ -41,6 +41,7 @@ class StepAttempt:
         self.backend = backend
         self.target = target
         self.step = step
+        self.whole: Manifest | None = None  # rank 0's whole manifest, once restored (not a sharded one's)
 
     def restore(self) -> Manifest:
         """Check the step, read it, and fill the tree; return this rank's part of its
@@ -66,6 +67,7 @@ class StepAttempt:
             lambda: read_and_verify(manifest, self.backend, self.run_dir, plan, self.comm.rank),
         ))
         self._fill(manifest, plan)
+        self.whole = source.top if isinstance(source, WholeManifest) else None
         return manifest
 
     def _match(self, manifest: Manifest) -> None:

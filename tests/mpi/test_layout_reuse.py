@@ -1,4 +1,5 @@
-"""A later save of an unchanged layout agrees on digests instead of gathering plans.
+"""A later save of an unchanged layout agrees on digests instead of gathering plans, and
+the first save after a restore (a relaunched job's) lays out as the step restored.
 
 Each test checks which saves gathered the plans (``last_save.plans_gathered``) and that
 the step restores bit for bit, which verifies every block's checksum as filled in by
@@ -37,6 +38,49 @@ def test_an_unchanged_layout_is_reused_and_its_steps_restore(world, mpi_tmp_path
             "step_info/iteration": 30,
             "step_info/name": "run-3",
         }
+
+
+def test_the_first_save_after_a_restore_takes_the_restored_steps_layout(world, mpi_tmp_path, backend):
+    """A relaunched job (a new Checkpointer) restores step 1 and saves: no plan travels,
+    and its step has the records a merge gives (step 4, saved without a restore)."""
+    run_dir = mpi_tmp_path / "relaunch"
+    compressed = "compression" in backend.get("backend_options", {})  # stored sizes change: merged
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=5, **backend) as checkpointer:
+        checkpointer.save(1, make_state(world, 1))
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=5, **backend) as relaunched:
+        restored = make_state(world, 0)
+        assert relaunched.restore(restored) == 1
+        relaunched.save(2, make_state(world, 2))
+        assert relaunched.last_save.plans_gathered == compressed and "reuse" in relaunched.last_save.seconds
+        relaunched.save(3, make_state(world, 3))
+        report = relaunched.last_save
+        assert report.plans_gathered == compressed and "reuse" not in report.seconds
+        restored = make_state(world, 0)
+        assert relaunched.restore(restored, step=2) == 2
+        assert_same(make_state(world, 2), restored)
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=5, **backend) as fresh:
+        fresh.save(4, make_state(world, 2))  # no restore: merged
+        assert fresh.last_save.plans_gathered and "reuse" not in fresh.last_save.seconds
+    if world.rank == 0 and not compressed:
+        reader = CheckpointReader(run_dir)
+        assert reader.verify(2) == [] and reader.manifest(2).leaves == reader.manifest(4).leaves
+
+
+def test_a_box_moved_since_the_restored_step_merges_the_plans(world, mpi_tmp_path):
+    """Only ranks 0 and 1 plan other blocks than they restored: every rank merges."""
+    run_dir = mpi_tmp_path / "moved-after-restore"
+    even = [4] * world.size
+    moved = [5, 3] + [4] * (world.size - 2)
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
+        checkpointer.save(1, field(world, even))
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as relaunched:
+        assert relaunched.restore(field(world, even)) == 1
+        relaunched.save(2, field(world, moved))
+        assert relaunched.last_save.plans_gathered and "reuse" in relaunched.last_save.seconds
+        restored = field(world, moved)
+        restored["u"].array[...] = -1
+        assert relaunched.restore(restored) == 2
+        assert restored["u"].array.tobytes() == field(world, moved)["u"].array.tobytes()
 
 
 def field(world, rows_of_rank):

@@ -11,17 +11,18 @@ import numpy as np
 import pytest
 
 import hpckpt
+from hpckpt.buffers.host import PACK_BUFFERS
 from hpckpt.model.kinds import LeafKind
-from hpckpt.model.layout import AgreedLayout
+from hpckpt.model.layout import AgreedLayout, planned_blocks, recorded_blocks
 from hpckpt.model.manifest import PACK_PATH
 from hpckpt.model.plans import LATER, PACK_LIMIT, plan_digests
-from hpckpt.protocols.save import LayoutMemory, SaveRequest, StepSaver
+from hpckpt.protocols.save import CommittedLayout, LayoutMemory, SaveRequest, StepSaver
 from hpckpt.protocols.save.agreement import agree_on_layout
 from hpckpt.protocols.save.context import SaveContext
 from hpckpt.protocols.save.group_layout import MergeInGroups
 from hpckpt.protocols.save.layout import LayoutPath, MergeOnRoot, ReuseAgreedLayout
 from hpckpt.protocols.save.phases import PhaseRunner
-from hpckpt.protocols.save.planning import PACK_BUFFERS, stage
+from hpckpt.protocols.save.planning import stage
 from hpckpt.protocols.save.request import SHARD_RANKS_ENV
 from hpckpt.storage import open_backend
 from hpckpt.storage.commit import RunDirectory
@@ -80,8 +81,8 @@ def test_the_three_strategies_lay_out_the_same_blocks(tmp_path, backend_name):
     assert on_root.path is LayoutPath.MERGED_ON_ROOT and in_groups.path is LayoutPath.MERGED_IN_GROUPS
     assert in_groups.sharded and not on_root.sharded
     memory = LayoutMemory()
-    agreed, trees_agree = agree_on_layout(MPI.COMM_SELF, 1, plan_digests(staged.plan), memory)
-    assert agreed is None and trees_agree  # nothing remembered yet
+    agreement = agree_on_layout(MPI.COMM_SELF, 1, plan_digests(staged.plan), memory)
+    assert agreement.reused is None and agreement.trees_agree and agreement.committed is None  # none kept
 
     assert on_root.outline is not None
     kept = AgreedLayout.of(1, plan_digests(staged.plan)[1], 0, 1, on_root.records, on_root.outline.nbytes)
@@ -106,6 +107,7 @@ def test_a_bad_plan_raises_the_same_error_from_the_merge(tmp_path):
 
 FIRST = ["plan", "merge", "prepare", "write", "sync", "commit", "retain"]
 REUSED = ["plan", "prepare", "write", "sync", "commit", "retain"]
+RESTORED = ["plan", "reuse", "prepare", "write", "sync", "commit", "retain"]
 IN_GROUPS = ["plan", "plans to leaders", "merge in groups", "check the groups", "lay out in groups",
              "prepare", "write", "sync", "shard", "commit", "retain"]
 
@@ -121,6 +123,13 @@ def test_each_path_runs_its_phases_in_order(tmp_path, backend_name, monkeypatch)
     second = saver.save(MPI.COMM_SELF, SaveRequest(2), make_state(2))
     assert list(first.seconds) == FIRST and first.plans_gathered and not first.merged_in_groups
     assert list(second.seconds) == REUSED and not second.plans_gathered
+    memory = LayoutMemory()  # a relaunched job's engine, which restored step 2
+    memory.committed = CommittedLayout.of(2, saver.run_dir.manifest(2), backend, 1)
+    relaunched = StepSaver(saver.run_dir, backend, (KeepNewest(2),), memory)
+    third = relaunched.save(MPI.COMM_SELF, SaveRequest(3), make_state(3))
+    fourth = relaunched.save(MPI.COMM_SELF, SaveRequest(4), make_state(4))
+    assert list(third.seconds) == RESTORED and not third.plans_gathered
+    assert list(fourth.seconds) == REUSED and memory.committed is None
     monkeypatch.setenv(SHARD_RANKS_ENV, "1")
     sharded = StepSaver(RunDirectory(tmp_path / "sharded"), backend, (KeepNewest(3),), LayoutMemory())
     grouped = sharded.save(MPI.COMM_SELF, SaveRequest(1), make_state(1))
@@ -131,3 +140,29 @@ def test_each_path_runs_its_phases_in_order(tmp_path, backend_name, monkeypatch)
     assert list(delta.seconds) == ["plan", "choose the base", *IN_GROUPS[1:]]
     assert delta.written_bytes < grouped.written_bytes  # the unchanged blocks are reused
     assert sharded.run_dir.manifest(3).delta_base == 2
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_the_blocks_a_rank_plans_are_its_blocks_in_the_merged_records(tmp_path, backend_name):
+    """What the first save after a restore compares: packs, replicated chunks, boxes."""
+    context = context_for(tmp_path, backend_name, SaveRequest(1))
+    staged = stage(make_state(), context.backend, 0, 1, checksum_later=True)
+    merged = MergeOnRoot(context, None, sharded=False).lay_out(staged)
+    assert planned_blocks(staged.plan, 0, 1) == recorded_blocks(merged.records, 0)
+    assert set(recorded_blocks(merged.records, 0)) == {"field", "big", "weights", PACK_PATH}
+    longer = {**make_state(), "small": hpckpt.Local(np.arange(6, dtype=np.int32))}
+    moved = stage(longer, context.backend, 0, 1, checksum_later=True)
+    assert planned_blocks(moved.plan, 0, 1) != recorded_blocks(merged.records, 0)
+    PACK_BUFFERS.give_back(staged.lent + moved.lent)
+
+
+def test_only_a_whole_step_of_the_same_backend_and_ranks_lends_its_layout(tmp_path):
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="posix") as checkpointer:
+        checkpointer.save(1, make_state(1))
+        checkpointer.save(2, make_state(1), base=1)  # incremental: its blocks are in step 1
+        manifest, delta = checkpointer.run_dir.manifest(1), checkpointer.run_dir.manifest(2)
+    posix, hdf5 = open_backend("posix"), open_backend("hdf5")
+    assert CommittedLayout.of(1, manifest, posix, 1).records == manifest.leaves
+    unusable = ((1, manifest, hdf5, 1), (1, manifest, posix, 2), (2, delta, posix, 1), (1, None, posix, 1))
+    for step, manifest_, backend, size in unusable:
+        assert CommittedLayout.of(step, manifest_, backend, size).records is None

@@ -9,7 +9,8 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank:
 1. ``plan`` (:mod:`.planning`): flatten the tree, stage arrays to contiguous host
    memory, checksum what the plan compares. One reduction
    (:func:`~.agreement.agree_on_layout`) then tells whether every rank plans the
-   layout of the engine's last merged save again.
+   layout of the engine's last merged save again; at the first save after a restore,
+   ``reuse`` tries the layout of the step restored.
 2. The layout (:mod:`.layout`, :mod:`.group_layout`): reuse that layout; or ``merge``
    on rank 0; or, from :func:`~.request.manifest_shard_ranks` ranks on, ``choose the
    base`` (an incremental save), ``plans to leaders``, ``merge in groups``, ``check the
@@ -26,8 +27,8 @@ raises the same :class:`~hpckpt.errors.CollectiveError` on every rank:
    ``retain`` deletes old steps.
 """
 
-from .agreement import LayoutMemory
+from .agreement import CommittedLayout, LayoutMemory
 from .request import SaveReport, SaveRequest
 from .saver import StepSaver
 
-__all__ = ["LayoutMemory", "SaveReport", "SaveRequest", "StepSaver"]
+__all__ = ["CommittedLayout", "LayoutMemory", "SaveReport", "SaveRequest", "StepSaver"]

@@ -1,41 +1,84 @@
-"""Whether a save reuses the layout of the engine's last save that merged the plans."""
+"""Whether a save reuses a layout instead of merging the plans: the layout of the
+engine's last save that merged them (:func:`agree_on_layout`), or, at the engine's
+first save, the layout of the step it restored (:func:`reuse_committed_layout`).
+
+A relaunched job restores its newest step, then saves the same tree again: its first
+save then takes that step's layout from the manifest the restore read, so a restart
+merges nothing. The restore's manifest is the only source: reading a manifest to save
+costs more than merging (0.10 s against 0.03 s for 10,000 small arrays on 2 ranks).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._comm import await_everyone
+from ..._comm import await_everyone, scatter_phase
 from ...errors import InvalidStateError
-from ...model.layout import AgreedLayout
+from ...model.layout import AgreedLayout, RankPlan, planned_blocks, recorded_blocks
+from ...model.manifest import LeafRecord, Manifest
+from ...storage.base import Backend
+from .phases import PhaseRunner
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
 
+@dataclass(frozen=True)
+class CommittedLayout:
+    """The layout of a committed step an engine restored, for its first save.
+
+    ``records`` are the step's laid-out records with every block, on rank 0 (None on
+    the other ranks, and where the step cannot lend its layout: blocks in shards or
+    in other steps, another backend or number of ranks, a leaf without blocks).
+    """
+
+    step: int
+    records: tuple[LeafRecord, ...] | None
+
+    @classmethod
+    def of(cls, step: int, manifest: Manifest | None, backend: Backend, size: int) -> CommittedLayout:
+        """The layout of restored ``step``, from rank 0's whole ``manifest`` (None elsewhere)."""
+        usable = (manifest is not None and not manifest.shards and not manifest.incremental
+                  and manifest.backend == backend.name and manifest.world_size == size
+                  and all(record.blocks for record in manifest.leaves))
+        return cls(step, manifest.leaves if usable and manifest is not None else None)
+
+
 class LayoutMemory:
-    """The layout of an engine's last save that merged the plans, for its next saves."""
+    """The layout of an engine's last save that merged the plans, for its next saves,
+    and the layout of the step it restored, for its first save.
+    """
 
     def __init__(self) -> None:
         self.last: AgreedLayout | None = None
+        self.committed: CommittedLayout | None = None
+
+
+@dataclass(frozen=True)
+class LayoutAgreement:
+    """What the ranks agreed on before laying a save out (:func:`agree_on_layout`)."""
+
+    reused: AgreedLayout | None  # the remembered layout, which every rank's plan gives again
+    trees_agree: bool  # every rank gave the same agreement digest
+    committed: CommittedLayout | None  # the restored step's layout, held by every rank, to try
 
 
 def agree_on_layout(
     comm: MPI.Comm, step: int, digests: tuple[int, int], memory: LayoutMemory | None
-) -> tuple[AgreedLayout | None, bool]:
-    """The remembered layout when every rank's plan gives it again, and whether the trees agree.
+) -> LayoutAgreement:
+    """Whether every rank's plan gives the remembered layout again, whether the trees
+    agree, and whether every rank holds the layout of the same restored step.
 
-    Collective over ``comm``: one reduction of seven integers, after the plan phase.
+    Collective over ``comm``: one reduction of nine integers, after the plan phase.
     Every rank must save the same ``step``, give the same agreement digest (the first
     of its plan's ``digests``, :func:`~hpckpt.model.layout.plan_digests`), remember the
-    layout of the same save and give its own layout digest of it again; otherwise the
-    layout is None (the plans must then be merged).
-
-    Returns
-    -------
-    tuple
-        The agreed layout or None, and whether every rank gave the same agreement digest.
+    layout of the same save and give its own layout digest of it again; otherwise no
+    layout is reused (the plans must then be merged, unless the restored step's layout
+    fits, :func:`reuse_committed_layout`). Only ranks that all restored the same step
+    try its layout (after an in-job repair, the survivors restored none).
 
     Raises
     ------
@@ -46,9 +89,12 @@ def agree_on_layout(
 
     agreement, layout = digests
     last = memory.last if memory is not None else None
+    committed = memory.committed if memory is not None else None
     kept = last.step if last is not None else -1
+    restored = committed.step if committed is not None else -1
     unchanged = last is not None and last.digest == layout and last.size == comm.size
-    ours = np.array([step, -step, agreement, -agreement, kept, -kept, 0 if unchanged else -1], dtype=np.int64)
+    ours = np.array([step, -step, agreement, -agreement, kept, -kept, 0 if unchanged else -1,
+                     restored, -restored], dtype=np.int64)
     lowest = np.empty_like(ours)
     # a rank stopped since the plan phase is named
     await_everyone(comm, f"save step {step}: agree on the layout")
@@ -58,4 +104,40 @@ def agree_on_layout(
         raise InvalidStateError(f"save was called with different steps on different ranks ({per_rank})")
     trees_agree = bool(lowest[2] == -lowest[3])
     alike = trees_agree and lowest[4] == -lowest[5] and lowest[6] == 0
-    return (last if alike else None), trees_agree
+    held_alike = trees_agree and lowest[7] == -lowest[8] and lowest[7] >= 0
+    return LayoutAgreement(last if alike else None, trees_agree,
+                           committed if held_alike and not alike else None)
+
+
+def reuse_committed_layout(
+    phases: PhaseRunner, committed: CommittedLayout, plan: RankPlan, digest: int, backend: Backend
+) -> AgreedLayout | None:
+    """The layout of the restored step ``committed`` when every rank's ``plan`` places
+    its blocks there exactly as a merge would, else None.
+
+    Collective over ``phases.comm`` (every rank restored the same step): rank 0 sends
+    each rank its part of the step's records (phase ``reuse``), each rank compares the
+    blocks it plans with its blocks there (:func:`~hpckpt.model.layout.planned_blocks`),
+    and one reduction tells whether all agree. ``digest`` is this rank's layout digest, kept
+    with the layout for the next saves. The ranks' trees and values must already agree
+    (:func:`agree_on_layout`).
+    """
+    from mpi4py import MPI
+
+    comm, records = phases.comm, committed.records
+
+    def parts() -> list[tuple[LeafRecord, ...] | None] | None:
+        if comm.rank != 0:
+            return None
+        if records is None:
+            return [None] * comm.size
+        return list(backend.parts(records, range(comm.size)))
+
+    part: tuple[LeafRecord, ...] | None = phases.run("reuse", parts, scatter_phase)
+    same = part is not None and planned_blocks(plan, comm.rank, comm.size) == recorded_blocks(part, comm.rank)
+    if not comm.allreduce(same, op=MPI.LAND) or part is None:
+        return None
+    if comm.rank == 0 and records is not None:  # rank 0 writes with every record, as after a merge
+        return AgreedLayout.of(committed.step, digest, 0, comm.size, records,
+                               sum(record.nbytes for record in records))
+    return AgreedLayout.of(committed.step, digest, comm.rank, comm.size, part, 0)

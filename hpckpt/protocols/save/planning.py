@@ -18,7 +18,7 @@ import numpy as np
 
 from ...buffers.bfloat16 import leaf_encoding
 from ...buffers.device import STAGER, HostCopy, is_device_array
-from ...buffers.host import AlignedPool, aligned_empty, as_host_array
+from ...buffers.host import PACK_BUFFERS, aligned_empty, as_host_array
 from ...checksum import block_checksum, pieces_checksum
 from ...model.boxes import Box
 from ...model.kinds import LeafKind
@@ -36,10 +36,6 @@ from ...model.plans import (
 )
 from ...model.tree import Slot, flatten
 from ...storage.base import Backend, Encoded
-
-# The packs of small leaves are built in buffers kept from save to save: a new 160 MiB
-# pack's first touch cost more than its copy (buffers/host.py).
-PACK_BUFFERS = AlignedPool(keep=2)
 
 
 @dataclass

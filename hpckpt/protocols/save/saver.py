@@ -14,7 +14,7 @@ from ...model.plans import plan_digests
 from ...storage.base import Annotations, Backend, GroupLayout
 from ...storage.commit import RunDirectory
 from ...storage.retention import RetentionPolicy
-from .agreement import LayoutMemory, agree_on_layout
+from .agreement import LayoutMemory, agree_on_layout, reuse_committed_layout
 from .base_step import base_blocks, choose_base
 from .committing import commit_step, retain_steps, sync_step
 from .context import SaveContext
@@ -95,11 +95,18 @@ class StepSaver:
         request, comm = context.request, context.comm
         digests = plan_digests(staged.plan)
         memory = None if request.compares_blocks else self.layouts
-        agreed, trees_agree = agree_on_layout(comm, request.step, digests, memory)
+        agreement = agree_on_layout(comm, request.step, digests, memory)
+        agreed = agreement.reused
+        if memory is not None:
+            memory.committed = None  # a restored step's layout is tried at the next save only
+        if agreement.committed is not None and memory is not None and not many:
+            agreed = reuse_committed_layout(context.phases, agreement.committed, staged.plan, digests[1],
+                                            self.backend)
+            memory.last = agreed or memory.last
         if agreed is not None:
             return ReuseAgreedLayout(context, agreed, sharded=many).lay_out(staged)
         layout = None
-        if many and trees_agree and isinstance(self.backend, GroupLayout):
+        if many and agreement.trees_agree and isinstance(self.backend, GroupLayout):
             layout = MergeInGroups(context, self.backend, self._base_choice(context)).lay_out(staged)
         if layout is None:
             whole_base = self._whole_base(context)
