@@ -83,9 +83,11 @@ demo:
 	PY=$(WHEELS_VENV)/bin/python NP=$(NP) bash jobs/demo.sh
 
 # The benchmark suite: 2 ranks, every case side by side; perf/results/suite.json and PNGs;
+# a torch training state against torch.distributed.checkpoint (perf/results/torch.json);
 # then how planning grows from 1k to 100k ranks (perf/results/scale.json and scale.png).
 bench: install
 	$(PY) perf/suite.py --ranks 2 --out perf/results --dir .bench-suite
+	$(MPIEXEC) -n 2 $(PY) perf/bench_torch.py --out perf/results/torch.json --dir .bench-torch
 	$(PY) perf/bench_dfs.py --out perf/results/dfs.json
 	$(PY) perf/bench_scale.py --out perf/results --mpiexec $(MPIEXEC)
 

@@ -4,8 +4,9 @@
     .venv/bin/python perf/suite.py --mib 64 --repeat 3 --out /tmp/results   # a quick run
 
 Runs ``mpiexec -n RANKS perf/suite_io.py`` (save, restore, rank change, 10,000 small
-arrays, non-blocking saves, incremental saves; see its docstring) and the heat solver
-with and without checkpoints (``perf/bench_interval.py``), then writes
+arrays, non-blocking saves, incremental saves; see its docstring), the first save of
+a job, each in a new job (``perf/bench_first_save.py``), and the heat solver with and
+without checkpoints (``perf/bench_interval.py``), then writes
 ``OUT/suite.json`` and one PNG per case in ``OUT``. Use 2 ranks on a 2-core machine:
 MPICH busy-polls, and more ranks than cores distort bandwidth. The scratch directory
 (``--dir``) must be on the file system to measure; it is removed afterwards.
@@ -25,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bench_first_save import first_saves  # noqa: E402
 from bench_interval import run_heat  # noqa: E402
 
 
@@ -97,6 +99,12 @@ def plot(results: dict, out: Path) -> list[Path]:
     rows = [row for result in results["incremental"].values() for row in result["ways"].values()]
     bars("incremental", "Fine-tuned state: full save vs delta over the base", labels,
          [row["median_s"] for row in rows], "seconds", [f"{row['ratio']:.2f}x" for row in rows])
+    first = results["first_save"]
+    labels = [f"hpckpt-{backend}: {way}" for backend, rows in first["backends"].items() for way in rows]
+    rows = [row for result in first["backends"].values() for row in result.values()]
+    bars("first_save", f"First save of a new job, {first['count']} arrays of {first['kib']} KiB per rank "
+         "(ratio to raw in that job)", labels, [row["ratio"] for row in rows], "x raw write",
+         [f"{row['ratio']:.2f}x" for row in rows])
     heat = results["heat"]
     bars("heat", f"Heat solver {heat['n']}^2, {heat['iters']} iterations, a checkpoint every {heat['every']}",
          ["no checkpoints", "checkpoints (posix)"],
@@ -136,6 +144,11 @@ def main() -> None:
     subprocess.run(command, check=True)
     results = json.loads(io_json.read_text())
     io_json.unlink()
+    print(f"suite: the first save of a new job, {args.small_count} arrays of {args.small_kib} KiB per rank",
+          flush=True)
+    results["first_save"] = first_saves(argparse.Namespace(
+        ranks=args.ranks, repeat=args.repeat, count=args.small_count, kib=args.small_kib,
+        dir=f"{args.dir}-first-save", mpiexec=args.mpiexec))
     print(f"suite: heat solver, {args.ranks} ranks, with and without checkpoints ({args.repeat} runs each)",
           flush=True)
     results["heat"] = heat_overhead(args.ranks, 512, args.heat_iters, args.heat_every, args.repeat)

@@ -9,16 +9,22 @@ writes compete with the application.
 
 Rules that keep the two kinds of write apart:
 
-- only whole pages (:data:`ALIGNMENT` bytes, at file offsets that are multiples of it)
-  that lie inside one large piece (at least :data:`DIRECT_MIN` bytes) are written
-  directly; a piece's unaligned head and tail and every small piece go through the page
-  cache. No page is ever written both ways, by this rank or by another rank writing
-  its own bytes of a shared file, so the kernel never has a dirty cached page inside a
-  direct write's range;
-- memory that is itself page-aligned (the buffers of non-blocking saves and of packs,
-  :func:`~hpckpt.buffers.host.aligned_empty`) is written from where it is; other
-  memory is copied into two page-aligned bounce buffers, one filled while the other is
-  written;
+- pieces that follow each other in the file make one run (with ``fill_gaps``, also
+  across gaps of padding under :data:`MAX_GAP` bytes, written as zeros: the posix
+  backend's blocks, 64-byte aligned in a rank's own segment); only whole pages
+  (:data:`ALIGNMENT` bytes, at file offsets that are multiples of it) that lie inside
+  one large run (at least :data:`DIRECT_MIN` bytes) are written directly; a run's
+  unaligned head and tail and every small run go through the page cache. No page is
+  ever written both ways, by this rank or by another rank writing its own bytes of a
+  shared file, so the kernel never has a dirty cached page inside a direct write's
+  range;
+- a large piece whose memory lies on a page boundary where its file offset does (the
+  buffers of non-blocking saves and of packs, :func:`~hpckpt.buffers.host.aligned_empty`)
+  is written from where it is; the rest of a run is copied into two page-aligned bounce
+  buffers, one filled while the other is written. A state of many tensors of a few MiB
+  (a torch model) thus goes out in 16 MiB direct writes instead of one write per
+  tensor: 182 MiB per rank of a transformer's 588 tensors into a new file took
+  0.37-0.69 s written tensor by tensor and 0.29 s in 16 MiB chunks (2 ranks);
 - a file system that refuses direct I/O (``EINVAL``: tmpfs before Linux 6.6, some FUSE
   file systems) gets buffered writes; the caller's fsync makes either kind durable.
 
@@ -31,6 +37,7 @@ import errno
 import os
 import threading
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
 from queue import SimpleQueue
 
@@ -40,7 +47,8 @@ from .._activity import current
 from ..buffers.host import PAGE, AlignedPool
 
 ALIGNMENT = PAGE  # file offsets, lengths and memory of direct writes (>= the 512 bytes of most disks)
-DIRECT_MIN = 4 << 20  # smaller pieces are written through the page cache
+DIRECT_MIN = 4 << 20  # smaller runs are written through the page cache
+MAX_GAP = 64 << 10  # bytes of padding a run spans with fill_gaps
 BOUNCE_BYTES = 16 << 20  # each of the two bounce buffers
 _MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
 _MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
@@ -50,46 +58,49 @@ _DIRECT = getattr(os, "O_DIRECT", 0)
 _BOUNCE = AlignedPool(keep=2)  # the bounce buffers, kept for the process's later writes
 
 
-def write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool = True) -> int:
+def write_pieces(
+    path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool = True, fill_gaps: bool = False
+) -> int:
     """Write each ``(file offset, bytes)`` piece of ``pieces`` into ``path`` (created if
-    missing, never truncated), whole pages of large pieces directly (see the module).
+    missing, never truncated), whole pages of large runs directly (see the module).
 
     Returns the bytes written with direct I/O. ``direct=False`` writes everything
-    through the page cache. The caller fsyncs ``path`` afterwards. Not collective.
+    through the page cache. ``fill_gaps`` lets a run span gaps under :data:`MAX_GAP`
+    bytes between pieces, written as zeros: only where the caller alone owns them. The
+    caller fsyncs ``path`` afterwards. Not collective.
     """
     activity = current()
     activity.enter_file(str(path))
     try:
-        return _write_pieces(path, pieces, direct)
+        return _write_pieces(path, pieces, direct, fill_gaps)
     finally:
         activity.leave_file()
 
 
-def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool) -> int:
+def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool, fill_gaps: bool) -> int:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     direct_descriptor = -1
     direct_bytes = 0
     try:
         buffered: list[tuple[int, memoryview]] = []
-        for offset, view in pieces:
-            start, end = _direct_range(offset, len(view)) if direct and _DIRECT else (0, 0)
-            if start == end:
-                buffered.append((offset, view))
+        for run in _file_runs(pieces, fill_gaps):
+            if not (direct and _DIRECT) or sum(len(view) for _, view in run) < DIRECT_MIN:
+                buffered += run
                 continue
             if direct_descriptor < 0:
                 direct_descriptor = _open_direct(path)
                 if direct_descriptor < 0:
                     direct = False
-                    buffered.append((offset, view))
+                    buffered += run
                     continue
-            head, tail = start - offset, end - offset
-            buffered.append((offset, view[:head]))
-            buffered.append((end, view[tail:]))
-            if _write_direct(direct_descriptor, view[head:tail], start):
-                direct_bytes += end - start
-            else:
-                direct = False
-                buffered.append((start, view[head:tail]))
+            for offset, views, mode in _run_parts(run):
+                if mode is _Part.BUFFERED:
+                    buffered += _placed(offset, views)
+                elif _write_direct(direct_descriptor, views, offset, mode is _Part.IN_PLACE):
+                    direct_bytes += sum(len(view) for view in views)
+                else:
+                    direct = False
+                    buffered += _placed(offset, views)
         for start, views in _contiguous_runs(sorted(buffered, key=lambda piece: piece[0])):
             _pwritev_all(descriptor, views, start)
     finally:
@@ -97,6 +108,89 @@ def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: 
         if direct_descriptor >= 0:
             os.close(direct_descriptor)
     return direct_bytes
+
+
+class _Part(Enum):
+    """How a part of a run is written."""
+
+    BUFFERED = "through the page cache"
+    IN_PLACE = "directly, from its own memory"
+    BOUNCED = "directly, through the bounce buffers"
+
+
+def _file_runs(
+    pieces: Sequence[tuple[int, memoryview]], fill_gaps: bool
+) -> list[list[tuple[int, memoryview]]]:
+    """``pieces`` sorted by offset, in runs that follow each other in the file (with
+    ``fill_gaps``, across gaps under :data:`MAX_GAP` bytes, which get pieces of zeros).
+    """
+    runs: list[list[tuple[int, memoryview]]] = []
+    end = -1
+    for offset, view in sorted(((offset, view) for offset, view in pieces if len(view)), key=lambda p: p[0]):
+        gap = offset - end
+        if runs and (gap == 0 or (fill_gaps and 0 < gap < MAX_GAP)):
+            if gap:
+                runs[-1].append((end, memoryview(bytes(gap))))
+            runs[-1].append((offset, view))
+        else:
+            runs.append([(offset, view)])
+        end = offset + len(view)
+    return runs
+
+
+def _run_parts(run: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[memoryview], _Part]]:
+    """A large run as parts that follow each other: the whole pages of each large piece
+    whose memory is page-aligned where its file offset is, written from its memory; the
+    whole pages of the stretches between, bounced; the partial pages at the stretches'
+    ends (and every stretch under :data:`DIRECT_MIN` bytes) buffered.
+    """
+    parts: list[tuple[int, list[memoryview], _Part]] = []
+    stretch: list[tuple[int, memoryview]] = []
+
+    def close_stretch() -> None:
+        if not stretch:
+            return
+        first, last = stretch[0][0], stretch[-1][0] + len(stretch[-1][1])
+        start, end = _direct_range(first, last - first)
+        views = [view for _, view in stretch]
+        if start == end:
+            parts.append((first, views, _Part.BUFFERED))
+        else:
+            parts.append((first, _between(stretch, first, start), _Part.BUFFERED))
+            parts.append((start, _between(stretch, start, end), _Part.BOUNCED))
+            parts.append((end, _between(stretch, end, last), _Part.BUFFERED))
+        stretch.clear()
+
+    for offset, view in run:
+        start, end = _direct_range(offset, len(view))
+        if start == end or (_address(view) + start - offset) % ALIGNMENT:
+            stretch.append((offset, view))
+            continue
+        stretch.append((offset, view[: start - offset]))
+        close_stretch()
+        parts.append((start, [view[start - offset : end - offset]], _Part.IN_PLACE))
+        stretch.append((end, view[end - offset :]))
+    close_stretch()
+    return parts
+
+
+def _between(stretch: Sequence[tuple[int, memoryview]], low: int, high: int) -> list[memoryview]:
+    """The views of the file bytes ``[low, high)`` of contiguous ``stretch``."""
+    views = []
+    for offset, view in stretch:
+        lo, hi = max(low, offset), min(high, offset + len(view))
+        if lo < hi:
+            views.append(view[lo - offset : hi - offset])
+    return views
+
+
+def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryview]]:
+    """Contiguous ``views`` from file ``offset`` on, each with its own offset."""
+    placed = []
+    for view in views:
+        placed.append((offset, view))
+        offset += len(view)
+    return placed
 
 
 def _direct_range(offset: int, length: int) -> tuple[int, int]:
@@ -122,21 +216,22 @@ def _address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-def _write_direct(descriptor: int, view: memoryview, offset: int) -> bool:
-    """Write page-aligned ``view`` at page-aligned ``offset`` directly: from its own memory
-    when that is page-aligned, else through bounce buffers. False (nothing known to be
-    written, so the caller writes it all again buffered) where the file system refuses.
+def _write_direct(descriptor: int, views: Sequence[memoryview], offset: int, in_place: bool) -> bool:
+    """Write contiguous ``views`` (whole pages in all) at page-aligned ``offset`` directly:
+    from their own memory (``in_place``: one page-aligned view), else through bounce
+    buffers. False (nothing known to be written, so the caller writes it all again
+    buffered) where the file system refuses.
     """
     try:
-        if _address(view) % ALIGNMENT == 0:
-            _pwrite_direct(descriptor, view, offset)
+        if in_place:
+            _pwrite_direct(descriptor, views[0], offset)
         else:
-            _pwrite_bounced(descriptor, view, offset)
+            _pwrite_bounced(descriptor, views, offset)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return False
         raise
-    current().written += len(view)
+    current().written += sum(len(view) for view in views)
     return True
 
 
@@ -150,11 +245,10 @@ def _pwrite_direct(descriptor: int, view: memoryview, offset: int) -> None:
         done += written
 
 
-def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
-    """Copy ``view`` into the bounce buffers piece by piece while a helper thread writes
-    the previous piece (both release the GIL).
+def _pwrite_bounced(descriptor: int, views: Sequence[memoryview], offset: int) -> None:
+    """Copy ``views`` one after the other into the bounce buffers while a helper thread
+    writes the previous buffer (both release the GIL).
     """
-    source = np.frombuffer(view, dtype=np.uint8)
     buffers = [_BOUNCE.take(BOUNCE_BYTES), _BOUNCE.take(BOUNCE_BYTES)]
     free: SimpleQueue[np.ndarray] = SimpleQueue()
     full: SimpleQueue[tuple[int, np.ndarray, int] | None] = SimpleQueue()
@@ -175,13 +269,21 @@ def _pwrite_bounced(descriptor: int, view: memoryview, offset: int) -> None:
     thread = threading.Thread(target=writer, name="hpckpt-direct", daemon=True)
     thread.start()
     try:
-        for start in range(0, len(source), BOUNCE_BYTES):
-            if failures:
-                break
-            buffer = free.get()
-            length = min(BOUNCE_BYTES, len(source) - start)
-            np.copyto(buffer[:length], source[start : start + length])
-            full.put((start, buffer, length))
+        filled, buffer, written = 0, free.get(), 0
+        for view in views:
+            source = np.frombuffer(view, dtype=np.uint8)
+            taken = 0
+            while taken < len(source) and not failures:
+                count = min(BOUNCE_BYTES - filled, len(source) - taken)
+                np.copyto(buffer[filled : filled + count], source[taken : taken + count])
+                filled, taken = filled + count, taken + count
+                if filled == BOUNCE_BYTES:
+                    full.put((written, buffer, filled))
+                    written, filled, buffer = written + filled, 0, free.get()
+        if filled and not failures:
+            full.put((written, buffer, filled))
+        else:
+            free.put(buffer)
     finally:
         full.put(None)
         thread.join()

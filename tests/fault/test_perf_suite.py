@@ -44,7 +44,13 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     assert set(results["incremental"]["posix"]["written_bytes_per_rank"]) == {"full", "delta over the base"}
     written = results["incremental"]["posix"]["written_bytes_per_rank"]
     assert written["delta over the base"] == 2**20 < written["full"]  # only the changed 1 MiB head
+    first = results["first_save"]["backends"]  # each way in new jobs; a relaunch reuses the restored layout
+    assert set(first) == {"hdf5", "adios2", "posix"}
+    assert all(set(rows) == {"restored", "empty"} for rows in first.values())
+    assert all(not any(rows["restored"]["plans_gathered"]) and all(rows["empty"]["plans_gathered"])
+               for rows in first.values())
     pictures = {path.name for path in out.glob("*.png")}
-    cases = ("save_new", "save_in_place", "restore", "small", "rank_change", "async", "incremental", "heat")
+    cases = ("save_new", "save_in_place", "restore", "small", "rank_change", "async", "incremental", "heat",
+             "first_save")
     assert pictures == {f"{case}.png" for case in cases}
     assert all((out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pictures)

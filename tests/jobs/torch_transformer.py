@@ -28,14 +28,18 @@ WIDTH, HEADS, LENGTH, VOCAB, BATCH = 32, 4, 16, 50, 8
 
 
 class TinyTransformer(torch.nn.Module):
-    def __init__(self) -> None:
+    """An embedding, ``layers`` encoder layers and a linear head; tiny by default
+    (perf/bench_torch.py builds it at a nanoGPT-like size)."""
+
+    def __init__(self, width: int = WIDTH, heads: int = HEADS, layers: int = 2, feedforward: int = 64,
+                 vocab: int = VOCAB) -> None:
         super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, WIDTH)
+        self.embed = torch.nn.Embedding(vocab, width)
         layer = torch.nn.TransformerEncoderLayer(
-            WIDTH, HEADS, dim_feedforward=64, dropout=0.1, batch_first=True
+            width, heads, dim_feedforward=feedforward, dropout=0.1, batch_first=True
         )
-        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=2)
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=layers)
+        self.head = torch.nn.Linear(width, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(self.embed(tokens)))

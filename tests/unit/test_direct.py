@@ -68,11 +68,48 @@ def test_pieces_land_exactly_with_unaligned_heads_and_tails(place: Path, aligned
     assert np.array_equal(stored[100 + LARGE : 100 + LARGE + 5000], small)
     assert (stored[100 + LARGE + 5000 : 100 + LARGE + 5003] == 0).all()
     assert np.array_equal(stored[100 + LARGE + 5003 :], second)
-    # Both large pieces went out directly, but for their partial first and last pages.
-    first_pages = (100 + LARGE) // PAGE * PAGE - (-(-100 // PAGE) * PAGE)
+    # Two runs (the 3-byte gap is not filled) went out directly, but for their partial
+    # first and last pages: the small piece joined the first large one's run.
+    first_pages = (100 + LARGE + 5000) // PAGE * PAGE - (-(-100 // PAGE) * PAGE)
     start = 100 + LARGE + 5003
     second_pages = (start + LARGE) // PAGE * PAGE - (-(-start // PAGE) * PAGE)
     assert written_directly == first_pages + second_pages
+
+
+def test_many_small_pieces_make_one_direct_run_across_filled_gaps(place: Path) -> None:
+    """A torch state's shape: tensors of a few KiB to a MiB, 64-byte aligned with padding
+    between; a page-aligned large piece in the middle is written from its own memory."""
+    sizes = [4, 2048, 1 << 20, 100, 3 << 20, 4096 * 3 + 4, 5 << 20, 12]
+    arrays = [_random(size, seed) for seed, size in enumerate(sizes)]
+    aligned = aligned_empty((direct.DIRECT_MIN + PAGE,), np.uint8)
+    aligned[:] = _random(len(aligned), 99)
+    pieces, offset = [], PAGE * 3 + 17
+    for array in arrays[:4] + [aligned] + arrays[4:]:
+        offset = -(-offset // 64) * 64
+        if array is aligned:
+            offset = -(-offset // PAGE) * PAGE  # where a co-aligned piece starts
+        pieces.append((offset, array.data))
+        offset += len(array)
+    path = place / "run.bin"
+    written_directly = direct.write_pieces(path, pieces[::-1], fill_gaps=True)  # any order
+    stored = np.fromfile(path, np.uint8)
+    expected = np.zeros(offset, np.uint8)
+    for start, view in pieces:
+        expected[start : start + len(view)] = np.frombuffer(view, np.uint8)
+    assert np.array_equal(stored, expected)  # the gaps hold zeros
+    # one run: the aligned piece from its memory, the 9 MiB after it bounced; the 1 MiB
+    # before it (under DIRECT_MIN) through the page cache
+    after = pieces[4][0] + len(aligned)
+    assert written_directly == len(aligned) + offset // PAGE * PAGE - after
+    # without filling, the 60-byte gap after the first 4 bytes ends that run at once
+    assert direct.write_pieces(place / "runs.bin", pieces) < written_directly
+    assert np.array_equal(np.fromfile(place / "runs.bin", np.uint8), expected)
+
+
+def test_a_gap_of_max_gap_bytes_or_more_ends_a_run(place: Path) -> None:
+    half = _random(direct.DIRECT_MIN // 2, 7)
+    pieces = [(0, half.data), (len(half) + direct.MAX_GAP, half.data)]
+    assert direct.write_pieces(place / "apart.bin", pieces, fill_gaps=True) == 0  # two small runs
 
 
 def test_small_pieces_and_direct_off_are_buffered(place: Path) -> None:

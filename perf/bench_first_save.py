@@ -1,0 +1,178 @@
+"""The first save of a job, each in a new job (``mpiexec``), against a raw write in that job.
+
+    .venv/bin/python perf/bench_first_save.py --ranks 2 --repeat 5 --out /tmp/first-save.json
+
+A relaunched job pays what a running one has paid already: imports, first touches of
+memory, the layout of its state. Each round here is a new ``mpiexec`` job of
+``--ranks`` ranks holding ``--count`` Local arrays of ``--kib`` KiB per rank (10,000 x
+16 KiB by default), which times, after a file-system sync each, a raw ``writev`` of
+the arrays' bytes into a new file + fsync and one hpckpt way (the order alternates
+from round to round):
+
+- ``restored``: what a relaunched job does: a new Checkpointer on a run directory whose
+  newest step has the same layout restores it (untimed), then saves (timed). Its
+  phases and whether it gathered the plans are recorded, and so are a later save's;
+- ``empty``: the first save of a new Checkpointer into an empty run directory.
+
+Ratios are the raw write's median over the way's (bandwidth ratio: above 1 is faster
+than raw). ``perf/suite.py`` (``make bench``) runs it and puts the result in
+``suite.json`` under ``first_save``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+BACKENDS = ("hdf5", "posix", "adios2")
+WAYS = ("restored", "empty")
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One job: set up the run directory (``--way setup``), or time raw and one way. Collective."""
+    from mpi4py import MPI
+
+    import hpckpt
+
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(comm.rank)
+    arrays = [rng.standard_normal(args.kib * 128) for _ in range(args.count)]
+    state = {"params": {f"a{index:05d}": hpckpt.Local(array) for index, array in enumerate(arrays)}}
+    root = Path(args.dir)
+    run_dir = root / f"run-{args.backend}"
+    if args.way == "setup":
+        if comm.rank == 0:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        comm.Barrier()
+        with hpckpt.Checkpointer(run_dir, comm=comm, keep=1, backend=args.backend) as checkpointer:
+            checkpointer.save(1, state)
+        return
+    raw_path = root / f"raw-{comm.rank}.bin"
+    empty = root / f"empty-{args.backend}"
+    if comm.rank == 0:
+        shutil.rmtree(empty, ignore_errors=True)
+    raw_path.unlink(missing_ok=True)
+    comm.Barrier()
+
+    def raw() -> None:
+        descriptor = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            views = [memoryview(array).cast("B") for array in arrays]
+            for start in range(0, len(views), 512):  # at most IOV_MAX buffers per call
+                os.writev(descriptor, views[start : start + 512])
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+    def timed(action: Callable[[], object]) -> float:
+        os.sync()
+        comm.Barrier()
+        start = time.perf_counter()
+        action()
+        comm.Barrier()
+        return time.perf_counter() - start
+
+    checkpointer = hpckpt.Checkpointer(run_dir if args.way == "restored" else empty, comm=comm, keep=1,
+                                       backend=args.backend)
+    step = 1
+    if args.way == "restored":
+        restored = checkpointer.restore(state)
+        assert restored is not None
+        step = restored + 1
+    result: dict = {"backend": args.backend, "way": args.way}
+    for name in (("raw", "save") if args.raw_first else ("save", "raw")):
+        result[name] = timed(raw if name == "raw" else lambda: checkpointer.save(step, state))
+    report = checkpointer.last_save
+    result["phases"] = report.seconds
+    result["plans_gathered"] = report.plans_gathered
+    if args.way == "restored":  # what a later save of the same job takes, phase by phase
+        result["later"] = timed(lambda: checkpointer.save(step + 1, state))
+        result["later_phases"] = checkpointer.last_save.seconds
+    checkpointer.close()
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_job(args: argparse.Namespace, backend: str, way: str, raw_first: bool) -> dict | None:
+    command = [args.mpiexec, "-n", str(args.ranks), sys.executable, "-W", "ignore::UserWarning", __file__,
+               "--worker", "--backend", backend, "--way", way, "--dir", args.dir, "--count",
+               str(args.count), "--kib", str(args.kib)] + (["--raw-first"] if raw_first else [])
+    output = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300).stdout
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[0][len("RESULT "):]) if lines else None
+
+
+def first_saves(args: argparse.Namespace) -> dict:
+    """Every backend and way, ``args.repeat`` jobs each; medians and ratios to raw."""
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    results: dict = {"ranks": args.ranks, "count": args.count, "kib": args.kib, "repeat": args.repeat,
+                     "bytes": args.ranks * args.count * args.kib * 1024, "backends": {}}
+    try:
+        for backend in BACKENDS:
+            run_job(args, backend, "setup", True)
+            rows: dict = {}
+            for way in WAYS:
+                jobs = [run_job(args, backend, way, round_ % 2 == 0) for round_ in range(args.repeat)]
+                done = [job for job in jobs if job is not None]
+                raw = statistics.median(job["raw"] for job in done)
+                save = statistics.median(job["save"] for job in done)
+                row = {"raw_s": [job["raw"] for job in done], "save_s": [job["save"] for job in done],
+                       "ratio": raw / save, "plans_gathered": [job["plans_gathered"] for job in done],
+                       "phases": {phase: statistics.median(job["phases"].get(phase, 0.0) for job in done)
+                                  for phase in done[-1]["phases"]}}
+                if way == "restored":
+                    row["later_s"] = [job["later"] for job in done]
+                    row["later_ratio"] = raw / statistics.median(row["later_s"])
+                    row["later_phases"] = {
+                        phase: statistics.median(job["later_phases"].get(phase, 0.0) for job in done)
+                        for phase in done[-1]["later_phases"]}
+                rows[way] = row
+                print(f"  {backend:7s} {way:9s} save {save:6.3f} s  raw {raw:6.3f} s  {raw / save:5.2f} x raw"
+                      + (f"  (a later save {row['later_ratio']:.2f} x)" if way == "restored" else ""),
+                      flush=True)
+            results["backends"][backend] = rows
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    return results
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5, help="jobs per backend and way (medians)")
+    parser.add_argument("--count", type=int, default=10_000, help="arrays per rank")
+    parser.add_argument("--kib", type=int, default=16, help="KiB per array")
+    parser.add_argument("--dir", default=".bench-first-save", help="scratch directory (removed afterwards)")
+    parser.add_argument("--mpiexec", default=os.environ.get("MPIEXEC", "mpiexec"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    options(parser)
+    parser.add_argument("--out", help="where the JSON results go")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--backend", choices=BACKENDS, help=argparse.SUPPRESS)
+    parser.add_argument("--way", choices=("setup", *WAYS), help=argparse.SUPPRESS)
+    parser.add_argument("--raw-first", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    print(f"first saves: {args.ranks} ranks x {args.count} arrays of {args.kib} KiB, a new job each",
+          flush=True)
+    results = first_saves(args)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
