@@ -54,3 +54,19 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
              "first_save")
     assert pictures == {f"{case}.png" for case in cases}
     assert all((out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in pictures)
+
+
+def test_the_torch_benchmark_compares_every_backend_with_dcp(tmp_path):
+    out = tmp_path / "torch.json"
+    command = ["mpiexec", "-n", "2", sys.executable, "-W", "ignore::UserWarning",
+               str(REPO / "perf" / "bench_torch.py"), "--quick", "--repeat", "1", "--out", str(out),
+               "--dir", str(tmp_path / "scratch")]
+    done = run_group(command, timeout=240, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    ways = {"torch-dcp", "hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
+    cases = ("first_save", "restart_save", "later_save", "cold_restore")
+    assert all(set(results["cases"][case]["ways"]) == ways for case in cases)
+    for backend in ("hdf5", "adios2", "posix"):  # a relaunch reuses the restored step's layout
+        assert results["plans_gathered"][backend] == {"first_save": [True], "restart_save": [False],
+                                                      "later_save": [False]}
