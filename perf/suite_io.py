@@ -2,6 +2,9 @@
 
     mpiexec -n 2 .venv/bin/python perf/suite_io.py --mib 512 --repeat 5 --dir .bench-suite --json out.json
 
+(``--cases large`` runs only the large-array cases: save_new, save_in_place, restore,
+rank_change.)
+
 Every save is durable (fsync'd) before its time is taken, after two untimed rounds;
 every restore starts cold
 (``posix_fadvise(DONTNEED)`` on the files read, after they were fsync'd). Each case
@@ -17,9 +20,12 @@ measured in the same run:
 - ``save_in_place``: the same array saved over the files of an earlier save (hpckpt with
   ``keep=1``, which recycles the deleted step's files), against the faster of the two
   raw writes over the previous file without truncating it, and a memcpy;
-- ``restore``: the same state read back, against a raw cold read, plain h5py
-  (collective), plain ADIOS2 (its Python reader, one box per rank) and
-  ``torch.distributed.checkpoint``;
+- ``restore``: the same state read back into page-aligned memory, against the faster
+  of two raw cold reads of the raw write's file into it (one buffered ``read``, and
+  ``O_DIRECT`` ``preadv``), with plain h5py (collective), plain ADIOS2 (its Python
+  reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's hdf5 and
+  posix restores into an array from ``numpy.empty`` (not page-aligned: its direct reads
+  go through bounce buffers);
 - ``rank_change``: rank 0 alone restores the whole array from the 2-rank step, against
   restoring it from a step one rank wrote (same bytes, same reader);
 - ``small``: 10,000 arrays per rank, against a raw write of their concatenation, with
@@ -53,6 +59,7 @@ from common import (
     fresh_directory,
     memcpy_seconds,
     rank_rows,
+    read_direct,
     timed,
     write_plain_adios2,
     write_plain_h5py,
@@ -60,6 +67,7 @@ from common import (
 )
 
 BACKENDS = ("hdf5", "adios2", "posix")
+CASES = ("large", "small", "async", "replicated", "incremental")  # what --cases chooses from
 # Untimed rounds first: buffers touched, first files made, and, with keep=1, the steady
 # state begins at the third save, the first that reuses the files of a deleted step.
 WARM_UP = 2
@@ -236,12 +244,20 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     for checkpointer in growing.values():
         checkpointer.close()
 
-    target = np.empty_like(block)
-    target_state = {"u": hpckpt.Distributed(target, global_shape=global_shape, offset=(comm.rank * rows, 0))}
+    # Page-aligned, as a direct read needs it: every way reads into it; hpckpt also into NumPy's memory.
+    target = aligned_empty(block.shape, block.dtype)
+    numpy_target = np.empty_like(block)
+    target_state, numpy_state = (
+        {"u": hpckpt.Distributed(array, global_shape=global_shape, offset=(comm.rank * rows, 0))}
+        for array in (target, numpy_target)
+    )
 
     def raw_read() -> None:
         with open(raw_path, "rb", buffering=0) as handle:
             handle.readinto(memoryview(target).cast("B"))
+
+    def raw_direct_read() -> None:
+        read_direct(raw_path, target)
 
     def plain_h5py_read() -> None:
         with h5py.File(root / "plain.h5", "r", driver="mpio", comm=comm) as h5:
@@ -262,17 +278,22 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     if dcp is not None:
         dcp.save()
     reads: dict[str, Callable[[], object]] = {
-        "raw": raw_read, "h5py": plain_h5py_read, "adios2": plain_adios2_read
+        "raw": raw_read, "raw-direct": raw_direct_read, "h5py": plain_h5py_read, "adios2": plain_adios2_read
     }
-    sources = {"raw": raw_path, "h5py": root / "plain.h5", "adios2": root / "plain.bp"}
+    sources = {"raw": raw_path, "raw-direct": raw_path, "h5py": root / "plain.h5",
+               "adios2": root / "plain.bp"}
     if dcp is not None:
         reads["torch-dcp"], sources["torch-dcp"] = dcp.load, root / "dcp"
     for name, checkpointer in checkpointers.items():
         reads[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.restore(target_state)
         sources[f"hpckpt-{name}"] = root / name
+    for name in ("hdf5", "posix"):  # into memory 16 bytes past a page: read through bounce buffers
+        way = f"hpckpt-{name} numpy memory"
+        reads[way] = lambda checkpointer=checkpointers[name]: checkpointer.restore(numpy_state)
+        sources[way] = root / name
     results["restore"] = summary(measure(comm, reads, repeat, lambda way: drop_cache(sources[way])), total,
-                                 "raw")
-    if not np.array_equal(target, block):
+                                 ("raw", "raw-direct"))
+    if not (np.array_equal(target, block) and np.array_equal(numpy_target, block)):
         raise AssertionError("the last restore did not give back the saved array")
     for checkpointer in checkpointers.values():
         checkpointer.close()
@@ -476,26 +497,32 @@ def main() -> None:
     parser.add_argument("--dir", default=".bench-suite",
                         help="scratch directory on the file system to measure")
     parser.add_argument("--json", required=True, help="where rank 0 writes the results")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
+                        help="the cases to run (default all; large: save_new, save_in_place, "
+                             "restore and rank_change)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     root = fresh_directory(comm, args.dir)
     results: dict = {"ranks": comm.size, "mib_per_rank": args.mib, "repeat": args.repeat,
                      "directory": str(root)}
     started = time.perf_counter()
-    results["phases_of_last_save"] = save_and_restore(comm, root, args.mib, args.repeat, results)
-    if comm.rank == 0:
+    if "large" in args.cases:
+        results["phases_of_last_save"] = save_and_restore(comm, root, args.mib, args.repeat, results)
+    if comm.rank == 0 and "large" in args.cases:
         show("save into new files", results["save_new"])
         show("save over earlier files (in place)", results["save_in_place"])
         show("restore (cold)", results["restore"])
         for name, result in results["rank_change"].items():
             show(f"restore on rank 0 alone, {name}", result)
-    results["small"] = small_arrays(comm, root, args.small_count, args.small_kib, args.repeat)
-    if comm.rank == 0:
+    if "small" in args.cases:
+        results["small"] = small_arrays(comm, root, args.small_count, args.small_kib, args.repeat)
+    if comm.rank == 0 and "small" in args.cases:
         show(f"{args.small_count} arrays of {args.small_kib} KiB per rank", results["small"])
         print("  bytes beyond the data: "
               + ", ".join(f"{k} {v:.2%}" for k, v in results["small"]["overhead_share"].items()))
-    results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute)
-    if comm.rank == 0:
+    if "async" in args.cases:
+        results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute)
+    if comm.rank == 0 and "async" in args.cases:
         print(f"async: memcpy {results['async']['memcpy_s']:.3f} s, "
               f"compute {results['async']['compute_s']:.3f} s; "
               + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x), "
@@ -503,15 +530,17 @@ def main() -> None:
                           f"(new files: blocks {v['blocked_new_files_s']:.3f} s, "
                           f"compute +{v['compute_slowdown_new_files']:.1%})"
                           for k, v in results["async"]["backends"].items()))
-    results["replicated"] = replicated(comm, root, args.mib // 2)
-    if comm.rank == 0:
+    if "replicated" in args.cases:
+        results["replicated"] = replicated(comm, root, args.mib // 2)
+    if comm.rank == 0 and "replicated" in args.cases:
         print(f"replicated array of {results['replicated']['bytes'] / 2**20:.0f} MiB: " + ", ".join(
             f"{k} written per rank {[f'{w / 2**20:.0f} MiB' for w in v['written_per_rank']]}, "
             f"read from storage {v['read_share']:.2f} x its size"
             for k, v in results["replicated"]["backends"].items()))
-    results["incremental"] = incremental(comm, root, args.mib, args.repeat)
+    if "incremental" in args.cases:
+        results["incremental"] = incremental(comm, root, args.mib, args.repeat)
     if comm.rank == 0:
-        for name, result in results["incremental"].items():
+        for name, result in results.get("incremental", {}).items():
             show(f"fine-tuned state, {name}", result)
         results["seconds"] = time.perf_counter() - started
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -27,7 +27,7 @@ import numpy as np
 from .._hooks import point
 from ..buffers.bfloat16 import is_bfloat16, like
 from ..buffers.device import STAGER, is_device_array
-from ..buffers.host import PACK_BUFFERS, writable_target
+from ..buffers.host import PACK_BUFFERS, aligned_empty, writable_target
 from ..errors import CorruptCheckpointError
 from ..model.kinds import LeafKind
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
@@ -281,7 +281,7 @@ def _local_piece(
     back into ``device``, None for a host leaf); a packed block is copied out of ``packs``.
     """
     if leaf.resizable and leaf.shape != block.shape:
-        fresh = np.empty(block.shape, dtype=record.dtype)
+        fresh = aligned_empty(block.shape, record.dtype)
         if is_member(block):
             return ResizedRead(MemberRead(packs.of(block.rank), fresh, record, block), leaf)
         return ResizedRead(WholeRead(BlockData(record, block, fresh), fresh), leaf)
@@ -297,7 +297,7 @@ def _whole_block(record: LeafRecord, block: Block, destination: np.ndarray, devi
     if destination.flags.c_contiguous:
         return WholeRead(BlockData(record, block, destination), destination, device)
     everything = (slice(None),) * len(block.shape)
-    buffer = np.empty(block.shape, dtype=record.dtype)
+    buffer = aligned_empty(block.shape, record.dtype)
     return SlicedRead(BlockData(record, block, buffer), destination, everything, everything, device)
 
 
@@ -316,7 +316,7 @@ def _overlapping(
             if view.flags.c_contiguous:  # e.g. a block of whole rows: read straight into place
                 pieces.append(WholeRead(BlockData(record, block, view), destination, device))
                 continue
-        buffer = np.empty(block.shape, dtype=record.dtype)
+        buffer = aligned_empty(block.shape, record.dtype)
         read = BlockData(record, block, buffer)
         pieces.append(SlicedRead(read, destination, overlap.into, overlap.taken, device))
     return pieces

@@ -31,13 +31,13 @@ with MPI: no HDF5 call is collective.
 
 Restore opens the file with HDF5's default driver (independent, so a rank that fails
 while reading cannot leave the others waiting in a collective call) to check each
-dataset, and reads a contiguous dataset's bytes with ``preadv`` at its offset.
+dataset, and reads a contiguous dataset's bytes with ``preadv`` at its offset, whole
+pages of large blocks directly (:mod:`hpckpt.storage.direct_read`).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -52,6 +52,7 @@ from ..model.kinds import LeafKind
 from ..model.manifest import LeafRecord
 from . import direct
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
+from .direct_read import BlockFile
 from .hdf5_files import (
     StoredBox,
     attach_dimension_scales,
@@ -111,8 +112,9 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
     alignment_threshold
         The smallest dataset that is aligned (default 64 KiB).
     direct_io
-        Write whole pages of large blocks with direct I/O (default), the rest through
-        the page cache (:mod:`hpckpt.storage.direct`); False: everything buffered.
+        Write and read whole pages of large blocks with direct I/O (default;
+        :mod:`hpckpt.storage.direct`, :mod:`hpckpt.storage.direct_read`), the rest
+        through the page cache; False: every write and read buffered.
 
     Laid out in groups: a group's Local blocks start after the earlier groups' elements
     (:meth:`group_starts`). Shows the annotations: plain values as root attributes, axis
@@ -275,34 +277,31 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
 
         HDF5 opens the file and checks each dataset against the manifest; the bytes of a
         contiguous dataset are then read with ``preadv`` at its file offset (the mirror of
-        :meth:`write`: no GIL held, and in pieces that are checksummed while the next is
-        read); any other dataset (chunked: a partial array of a step of version 1 or 2,
+        :meth:`write`: no GIL held, whole pages of large blocks directly unless
+        ``direct_io=False``, and in pieces that are checksummed while the next is read);
+        any other dataset (chunked: a partial array of a step of version 1 or 2,
         :func:`~hpckpt.storage.hdf5_layout.stored_layout`) through HDF5.
         """
         if not requests:
             return
         path = directory / FILE_NAME
         file_size = path.stat().st_size
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            with self._h5py.File(path, "r") as h5:
-                for request in requests:
-                    record, block = request.record, request.block
-                    name = dataset_name(record, block)
-                    dataset_id = open_dataset(h5, name)
-                    expected, offset, out = _selection(dataset_id, f"{path}:{name}", request)
-                    dataset_offset = check_dataset(
-                        dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size
-                    )
-                    if dataset_offset is None:
-                        read_box(dataset_id, offset, out)
-                        if landed is not None:
-                            landed(request, request.array.nbytes)
-                        continue
-                    progress = None if landed is None else partial(landed, request)
-                    read_runs(descriptor, path, StoredBox(dataset_offset, expected, offset), out, progress)
-        finally:
-            os.close(descriptor)
+        with BlockFile(path, self.direct_io) as source, self._h5py.File(path, "r") as h5:
+            for request in requests:
+                record, block = request.record, request.block
+                name = dataset_name(record, block)
+                dataset_id = open_dataset(h5, name)
+                expected, offset, out = _selection(dataset_id, f"{path}:{name}", request)
+                dataset_offset = check_dataset(
+                    dataset_id, f"{path}:{name}", expected, np.dtype(record.dtype), file_size
+                )
+                if dataset_offset is None:
+                    read_box(dataset_id, offset, out)
+                    if landed is not None:
+                        landed(request, request.array.nbytes)
+                    continue
+                progress = None if landed is None else partial(landed, request)
+                read_runs(source, StoredBox(dataset_offset, expected, offset), out, progress)
 
 
 def _selection(

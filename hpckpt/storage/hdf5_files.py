@@ -9,15 +9,14 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..model.manifest import Block, LeafRecord
 from .base import BlockData
+from .direct_read import BlockFile
 from .hdf5_layout import HDF5Layout, block_start, concatenated, dataset_path, dataset_shape, stored_layout
-from .positioned import read_into
 
 
 class StoredBox(NamedTuple):
@@ -232,10 +231,11 @@ def read_box(dataset_id: Any, offset: tuple[int, ...], out: np.ndarray) -> None:
 
 
 def read_runs(
-    descriptor: int, path: Path, box: StoredBox, out: np.ndarray, progress: Callable[[int], None] | None
+    source: BlockFile, box: StoredBox, out: np.ndarray, progress: Callable[[int], None] | None
 ) -> None:
-    """Fill ``out`` with ``box`` of the file ``descriptor`` (``path``), run by run in the
-    box's C order; ``progress(bytes in place)`` after each piece. Not collective.
+    """Fill ``out`` with ``box`` of the file ``source``, run by run in the box's C order
+    (:meth:`~hpckpt.storage.direct_read.BlockFile.read_into`); ``progress(bytes in
+    place)`` after each piece. Not collective.
     """
     if out.size == 0:
         return
@@ -243,10 +243,10 @@ def read_runs(
     itemsize = out.dtype.itemsize
     starts, run = file_runs(shape, offset, out.shape)
     if len(starts) == 1:
-        read_into(descriptor, out, dataset_offset + int(starts[0]) * itemsize, path, progress)
+        source.read_into(out, dataset_offset + int(starts[0]) * itemsize, progress)
         return
     flat = out.reshape(-1)
     for index, start in enumerate(starts.tolist()):
-        read_into(descriptor, flat[index * run : (index + 1) * run], dataset_offset + start * itemsize, path)
+        source.read_into(flat[index * run : (index + 1) * run], dataset_offset + start * itemsize)
         if progress is not None:
             progress((index + 1) * run * itemsize)

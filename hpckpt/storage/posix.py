@@ -25,7 +25,8 @@ cache (:mod:`hpckpt.storage.direct`; ``direct_io=False`` writes everything buffe
 A file already in the step directory (recycled from a deleted step by retention) is
 overwritten in place, not truncated, and cut to its new size after: its disk blocks
 are reused instead of freed and allocated again. Reads use ``preadv``
-straight into the destination array.
+straight into the destination array, with direct I/O for large blocks
+(:mod:`hpckpt.storage.direct_read`; ``direct_io=False`` reads everything buffered).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from ..model.manifest import Block, LeafRecord
 from ..model.records import encoded_location
 from . import codec, direct
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, Encoded, GroupLayout, Landed
-from .positioned import read_into
+from .direct_read import BlockFile
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -102,6 +103,13 @@ def _stored_blocks(records: Sequence[LeafRecord]) -> Iterator[tuple[int, LeafRec
 
 class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
     """Raw binary files, one per rank or per ``ranks_per_file`` ranks (see the module).
+
+    Parameters
+    ----------
+    direct_io
+        Write and read whole pages of large blocks with direct I/O (default;
+        :mod:`hpckpt.storage.direct`, :mod:`hpckpt.storage.direct_read`), the rest
+        through the page cache; False: every write and read buffered.
 
     Laid out in groups: a group's segments start after the earlier groups' in a shared
     file (:meth:`group_starts`).
@@ -307,7 +315,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                 (data.block.location["offset"], data.array.reshape(-1).view(np.uint8).data)
                 for data in contents
             ]
-            direct.write_pieces(path, pieces, self.direct_io)
+            # the gaps between a rank's blocks are its own padding: a run may span them
+            direct.write_pieces(path, pieces, self.direct_io, fill_gaps=True)
             if path.stat().st_size > ends.get(name, 0):  # a recycled file, longer than needed
                 os.truncate(path, ends.get(name, 0))
         return sorted(ends)
@@ -317,36 +326,35 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
         return list(files) if size == 1 else [name for name in files if name == self.file_of(rank)]
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
-        """Fill each request's ``array`` from its file and offset, reporting each
-        :data:`~hpckpt.storage.positioned.READ_PIECE` bytes to ``landed``. Independent.
+        """Fill each request's ``array`` from its file and offset, reporting its bytes to
+        ``landed`` as they arrive (:class:`~hpckpt.storage.direct_read.BlockFile`: whole
+        pages of large blocks read directly unless ``direct_io=False``). Independent.
         """
-        descriptors: dict[str, int] = {}
+        files: dict[str, BlockFile] = {}
         try:
             for request in requests:
                 name = request.block.location["file"]
-                if name not in descriptors:
-                    descriptors[name] = os.open(directory / name, os.O_RDONLY)
-                location = request.block.location
+                if name not in files:
+                    files[name] = BlockFile(directory / name, self.direct_io)
+                source, offset = files[name], request.block.location["offset"]
                 if request.block.codec is None:
                     progress = None if landed is None else partial(landed, request)
-                    read_into(
-                        descriptors[name], request.array, location["offset"], directory / name, progress
-                    )
+                    source.read_into(request.array, offset, progress)
                     continue
                 stored = np.empty(int(request.block.stored_bytes or 0), dtype=np.uint8)
-                read_into(descriptors[name], stored, location["offset"], directory / name)
+                source.read_into(stored, offset)
                 try:
                     codec.decode_as(request.block.codec, stored, request.array)
                 except ValueError as exc:
                     raise OSError(
                         f"leaf {request.record.path!r}, block of rank {request.block.rank} "
-                        f"in {directory / name} at byte {location['offset']}: {exc}"
+                        f"in {directory / name} at byte {offset}: {exc}"
                     ) from exc
                 if landed is not None:
                     landed(request, request.array.nbytes)
         finally:
-            for descriptor in descriptors.values():
-                os.close(descriptor)
+            for source in files.values():
+                source.close()
 
 
 def _stored_size(record: LeafRecord, block: Block) -> int:

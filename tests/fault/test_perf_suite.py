@@ -38,7 +38,10 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     )
     assert all("compute_slowdown" in row for row in results["async"]["backends"].values())
     assert set(results["replicated"]["backends"]) == {"hdf5", "adios2", "posix"}
-    assert set(results["restore"]["ways"]) >= {"raw", "h5py", "hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
+    assert set(results["restore"]["ways"]) >= {"raw", "raw-direct", "h5py", "hpckpt-hdf5", "hpckpt-adios2",
+                                               "hpckpt-posix", "hpckpt-posix numpy memory",
+                                               "hpckpt-hdf5 numpy memory"}
+    assert results["restore"]["baselines"] == ["raw", "raw-direct"]
     assert set(results["rank_change"]) == {"hdf5", "adios2", "posix"}
     assert set(results["small"]["overhead_share"]) == {"hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
     assert set(results["incremental"]["posix"]["written_bytes_per_rank"]) == {"full", "delta over the base"}
@@ -70,3 +73,12 @@ def test_the_torch_benchmark_compares_every_backend_with_dcp(tmp_path):
     for backend in ("hdf5", "adios2", "posix"):  # a relaunch reuses the restored step's layout
         assert results["plans_gathered"][backend] == {"first_save": [True], "restart_save": [False],
                                                       "later_save": [False]}
+
+
+def test_the_read_benchmark_runs_its_documented_command(tmp_path):
+    out = tmp_path / "reads.json"
+    command = ["mpiexec", "-n", "2", sys.executable, str(REPO / "perf" / "bench_reads.py"), "--mib", "8",
+               "--repeat", "1", "--dir", str(tmp_path / "scratch"), "--json", str(out)]
+    done = run_group(command, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads(out.read_text())

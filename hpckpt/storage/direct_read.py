@@ -1,0 +1,255 @@
+"""Reading large blocks with direct I/O (``O_DIRECT``), the rest through the page cache:
+the mirror of :mod:`hpckpt.storage.direct`, used by the restores of the posix and hdf5
+backends (:class:`BlockFile`; their ``direct_io=False`` reads everything buffered).
+
+A cold buffered read lands in the page cache and is copied from there; a direct read
+lands in the destination with no copy and leaves the page cache alone. Measured with
+
+    mpiexec -n 2 .venv/bin/python perf/bench_reads.py --mib 512 --repeat 7
+
+(cold reads: each rank's file fsync'd and evicted before every read, both ranks at
+once; medians of 7 on the slowest rank; ext4 on a virtio disk, 2 cores), as bandwidth
+over a buffered ``preadv`` in pieces of 128 MiB into memory 64 bytes past a page
+(where torch puts large tensors; NumPy's arrays start 16 bytes past one), in a run on
+a quiet machine (load 2) and one beside other benchmarks (load 6):
+
+=======================  ================================  ===========================
+blocks read one by one   direct, into page-aligned memory  direct, via bounce buffers
+=======================  ================================  ===========================
+a field, 512 MiB         1.08, 1.47                        1.04, 1.54
+a field, 128 MiB         1.11, 1.47                        1.04, 1.31
+tensors of 64 MiB        1.19, 1.26                        1.08, 0.95
+tensors of 16 MiB        1.14, 1.24                        0.94, 0.99
+tensors of 4 MiB         1.09, 1.16                        0.98, 0.86
+tensors of 1 MiB         0.99, 1.14                        0.77, 0.66
+=======================  ================================  ===========================
+
+Beside other work, buffered reads also varied most (a field: 0.34-1.07 s per read,
+direct 0.25-0.45 s): their copy and page-cache work compete for the CPU. Hence
+the rule, for each block read:
+
+- blocks smaller than :data:`DIRECT_READ_MIN` are read through the page cache (at
+  1 MiB direct reads measured within this machine's noise; readahead serves blocks
+  read one after the other);
+- the whole pages (:data:`ALIGNMENT` bytes at file offsets that are multiples of it)
+  of a larger block are read directly when its memory is page-aligned where they go
+  (:func:`~hpckpt.buffers.host.aligned_empty` memory, at a page-aligned offset), in
+  pieces of :data:`DIRECT_PIECE` bytes; the unaligned head and tail through the page
+  cache;
+- in other memory, the whole pages of a block of at least :data:`BOUNCED_READ_MIN`
+  are read directly into two page-aligned bounce buffers of :data:`DIRECT_PIECE`, a
+  helper thread reading one while the caller copies the other into place (smaller
+  blocks lose to buffered reads that way); smaller blocks through the page cache;
+- a file system that refuses direct I/O (``EINVAL``: tmpfs before Linux 6.6, ramfs,
+  some FUSE file systems) is read through the page cache from then on.
+
+Either way of reading returns what was last written: a direct read on Linux first
+writes back the dirty cached pages in its range (``filemap_write_and_wait_range``), so
+it sees bytes a writer left in the page cache unsynced; reads never make a page dirty,
+and the head and tail pages read through the page cache are never read directly.
+
+Not collective; each :class:`BlockFile` reads one file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from queue import SimpleQueue
+from types import TracebackType
+
+import numpy as np
+
+from ..buffers.host import PAGE, AlignedPool
+from .positioned import read_into
+
+ALIGNMENT = PAGE  # file offsets, lengths and memory of direct reads (>= the 512 bytes of most disks)
+DIRECT_READ_MIN = 4 << 20  # smaller blocks are read through the page cache
+BOUNCED_READ_MIN = 128 << 20  # smaller blocks in memory not page-aligned are read buffered
+# Bytes per direct read, and of each of the two bounce buffers. Smaller than a buffered
+# read's piece: a direct read needs no readahead to keep the disk busy, and the last
+# piece's checksum, which no read overlaps, is shorter.
+DIRECT_PIECE = 32 << 20
+_DIRECT = getattr(os, "O_DIRECT", 0)
+
+_BOUNCE = AlignedPool(keep=2)  # the bounce buffers, kept for the process's later reads
+
+
+class BlockFile:
+    """The file ``path``, open for reads of whole blocks at known offsets (see the module);
+    ``direct=False`` reads everything through the page cache. A context manager. Not
+    collective.
+
+    Attributes
+    ----------
+    direct_bytes
+        The bytes read with direct I/O so far.
+    """
+
+    def __init__(self, path: Path, direct: bool = True) -> None:
+        self.path = path
+        self.descriptor = os.open(path, os.O_RDONLY)
+        self._direct = direct and bool(_DIRECT)
+        self._direct_descriptor = -1
+        self.direct_bytes = 0  # read with direct I/O so far
+
+    def __enter__(self) -> BlockFile:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file's descriptors."""
+        if self._direct_descriptor >= 0:
+            os.close(self._direct_descriptor)
+            self._direct_descriptor = -1
+        if self.descriptor >= 0:
+            os.close(self.descriptor)
+            self.descriptor = -1
+
+    def read_into(
+        self, array: np.ndarray, offset: int, progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Fill C-contiguous ``array`` from byte ``offset``, calling ``progress(bytes in
+        place)`` after each piece (the bytes before that count are in place; a piece is at
+        most :data:`~hpckpt.storage.positioned.READ_PIECE` bytes, :data:`DIRECT_PIECE` read
+        directly). Whole pages of a large block are read directly (see the module), the
+        rest through the page cache. A file that ends early raises ``OSError`` saying where.
+        """
+        if not array.flags.c_contiguous:
+            raise ValueError("positioned reads fill only C-contiguous arrays")
+        flat = array.reshape(-1).view(np.uint8)
+        start, end = self._direct_range(offset, flat)
+        if start == end:
+            read_into(self.descriptor, flat, offset, self.path, progress)
+            return
+        head, tail = start - offset, end - offset
+        read_into(self.descriptor, flat[:head], offset, self.path)
+        if (flat.ctypes.data + head) % ALIGNMENT == 0:
+            done = head + self._read_direct(flat[head:tail], start, head, progress)
+        else:
+            done = head + self._read_bounced(flat[head:tail], start, head, progress)
+        if done < len(flat):  # the tail, or the rest after a short or refused direct read
+
+            def moved(count: int) -> None:
+                if progress is not None:
+                    progress(done + count)
+
+            read_into(self.descriptor, flat[done:], offset + done, self.path, moved)
+
+    def _direct_range(self, offset: int, flat: np.ndarray) -> tuple[int, int]:
+        """The whole pages of ``[offset, offset + len(flat))`` to read directly; empty with
+        direct I/O off, for a block under :data:`DIRECT_READ_MIN`, and for one under
+        :data:`BOUNCED_READ_MIN` whose memory is not page-aligned where the pages go.
+        """
+        if not self._direct or len(flat) < DIRECT_READ_MIN:
+            return 0, 0
+        start = -(-offset // ALIGNMENT) * ALIGNMENT
+        end = (offset + len(flat)) // ALIGNMENT * ALIGNMENT
+        unaligned = (flat.ctypes.data + start - offset) % ALIGNMENT
+        if end <= start or (unaligned and len(flat) < BOUNCED_READ_MIN):
+            return 0, 0
+        return start, end
+
+    def _read_direct(
+        self, flat: np.ndarray, offset: int, before: int, progress: Callable[[int], None] | None
+    ) -> int:
+        """Read ``flat`` (page-aligned memory) from page-aligned ``offset`` directly, piece
+        by piece, reporting ``before`` + the bytes in place. Returns the bytes read: fewer
+        than asked where the file ends early or the file system refuses direct I/O (the
+        caller reads the rest through the page cache).
+        """
+        done = 0
+        while done < len(flat):
+            want = min(DIRECT_PIECE, len(flat) - done)
+            count = self._pread_direct(flat[done : done + want], offset + done)
+            done += count
+            if count and progress is not None:
+                progress(before + done)
+            if count < want:
+                break
+        return done
+
+    def _read_bounced(
+        self, flat: np.ndarray, offset: int, before: int, progress: Callable[[int], None] | None
+    ) -> int:
+        """:meth:`_read_direct` for memory that is not page-aligned: a helper thread reads
+        into two page-aligned bounce buffers in turn while this one copies the other
+        into ``flat`` (both release the GIL).
+        """
+        buffers = [_BOUNCE.take(DIRECT_PIECE), _BOUNCE.take(DIRECT_PIECE)]
+        free: SimpleQueue[np.ndarray | None] = SimpleQueue()
+        full: SimpleQueue[tuple[int, np.ndarray, int] | None] = SimpleQueue()
+        failures: list[Exception] = []
+        for buffer in buffers:
+            free.put(buffer)
+
+        def reader() -> None:
+            start = 0
+            try:
+                while start < len(flat) and (buffer := free.get()) is not None:
+                    want = min(DIRECT_PIECE, len(flat) - start)
+                    count = self._pread_direct(buffer[:want], offset + start)
+                    full.put((start, buffer, count))
+                    if count < want:
+                        break
+                    start += count
+            except Exception as exc:  # noqa: BLE001 - raised by the caller's thread
+                failures.append(exc)
+            finally:
+                full.put(None)
+
+        thread = threading.Thread(target=reader, name="hpckpt-direct-read", daemon=True)
+        thread.start()
+        done = 0
+        try:
+            while (item := full.get()) is not None:
+                start, buffer, count = item
+                np.copyto(flat[start : start + count], buffer[:count])
+                free.put(buffer)
+                done = start + count
+                if count and progress is not None:
+                    progress(before + done)
+        finally:
+            free.put(None)  # a reader waiting for a buffer stops
+            thread.join()
+            _BOUNCE.give_back(buffers)
+        if failures:
+            raise failures[0]
+        return done
+
+    def _pread_direct(self, memory: np.ndarray, offset: int) -> int:
+        """Read page-aligned ``memory`` from page-aligned ``offset`` with one direct
+        ``preadv``. Returns the whole pages read: fewer than asked at the end of the file,
+        none where the file system refuses direct I/O (from then on the file is read
+        through the page cache).
+        """
+        descriptor = self._direct_descriptor if self._direct_descriptor >= 0 else self._open_direct()
+        if descriptor < 0:
+            return 0
+        try:
+            count = os.preadv(descriptor, [memory.data], offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self._direct = False
+            return 0
+        count -= count % ALIGNMENT
+        self.direct_bytes += count
+        return count
+
+    def _open_direct(self) -> int:
+        """A direct-I/O descriptor of the file, or -1 where the file system refuses one."""
+        try:
+            self._direct_descriptor = os.open(self.path, os.O_RDONLY | _DIRECT)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            self._direct = False
+        return self._direct_descriptor

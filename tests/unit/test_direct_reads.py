@@ -1,0 +1,166 @@
+"""storage/direct_read.py: whole pages of large blocks are read with direct I/O (in place
+into page-aligned memory, through bounce buffers into other memory), everything else
+through the page cache; the bytes are exactly the file's, on the repository's file
+system, on tmpfs and on a ramfs (which refuses direct I/O); progress reaches the length;
+a short file says where it ends; the posix and hdf5 backends read both ways."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpckpt.buffers.host import PAGE, aligned_empty
+from hpckpt.model.manifest import Block, LeafRecord
+from hpckpt.storage import open_backend
+from hpckpt.storage.base import BlockData
+from hpckpt.storage.direct_read import BOUNCED_READ_MIN, DIRECT_READ_MIN, BlockFile
+
+LARGE = DIRECT_READ_MIN + 3 * PAGE + 777  # read directly where its memory allows; unaligned length
+HUGE = BOUNCED_READ_MIN + PAGE + 99  # read directly into any memory
+
+
+@pytest.fixture(params=["disk", "tmpfs"])
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    if request.param == "disk":
+        yield tmp_path
+        return
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.fail("/dev/shm (tmpfs) is needed and not writable")
+    directory = Path(os.path.realpath(shm)) / f"hpckpt-direct-reads-{os.getpid()}"
+    directory.mkdir(exist_ok=True)
+    yield directory
+    for entry in directory.iterdir():
+        entry.unlink()
+    directory.rmdir()
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path) -> Iterator[Path]:
+    """A real ramfs, mounted for the test (root only): it refuses ``O_DIRECT``."""
+    mount_point = tmp_path / "ramfs"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "ramfs", "ramfs", str(mount_point)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a ramfs here: {result.stderr.strip()}")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def _stored(directory: Path, size: int, seed: int = 1) -> tuple[Path, np.ndarray]:
+    data = np.random.default_rng(seed).integers(0, 256, size=size, dtype=np.uint8)
+    path = directory / "data.bin"
+    path.write_bytes(data.tobytes())
+    return path, data
+
+
+def _memory(length: int, past_page: int) -> np.ndarray:
+    """``length`` bytes of memory starting ``past_page`` bytes past a page boundary."""
+    backing = aligned_empty((length + PAGE,), np.uint8)
+    return backing[past_page : past_page + length]
+
+
+def _read(path: Path, out: np.ndarray, offset: int, direct: bool = True) -> tuple[list[int], int]:
+    reports: list[int] = []
+    with BlockFile(path, direct) as source:
+        source.read_into(out, offset, reports.append)
+        return reports, source.direct_bytes
+
+
+@pytest.mark.parametrize(
+    ("offset", "length", "past_page", "direct_bytes"),
+    [
+        (0, LARGE, 0, LARGE // PAGE * PAGE),  # aligned start, unaligned tail
+        (5000, LARGE, 5000 % PAGE, (5000 + LARGE) // PAGE * PAGE - 2 * PAGE),  # head and tail
+        (PAGE, 64 * PAGE, 0, 0),  # a small block: buffered
+        (5000, LARGE, 64, 0),  # memory not page-aligned where the pages go: buffered
+        (0, HUGE, 64, HUGE // PAGE * PAGE),  # ... unless large: through the bounce buffers
+        (777, HUGE, 64, (777 + HUGE) // PAGE * PAGE - PAGE),
+        (777, HUGE, 777, (777 + HUGE) // PAGE * PAGE - PAGE),  # in place, with head and tail
+    ],
+    ids=["aligned", "head-and-tail", "small", "unaligned-memory", "bounced", "bounced-head-and-tail",
+         "in-place-head-and-tail"],
+)
+def test_blocks_read_back_exactly_with_progress_up_to_their_length(
+    place: Path, offset: int, length: int, past_page: int, direct_bytes: int
+) -> None:
+    path, data = _stored(place, offset + length + 3 * PAGE + 5)
+    out = _memory(length, past_page)
+    out[:] = 0
+    reports, read_directly = _read(path, out, offset)
+    assert np.array_equal(out, data[offset : offset + length])
+    assert reports == sorted(reports) and reports[-1] == length
+    assert read_directly == direct_bytes
+    out[:] = 0
+    reports, read_directly = _read(path, out, offset, direct=False)
+    assert np.array_equal(out, data[offset : offset + length])
+    assert reports[-1] == length and read_directly == 0
+
+
+@pytest.mark.parametrize("past_page", [0, 64], ids=["aligned-memory", "bounced"])
+@pytest.mark.parametrize("missing", [1, PAGE + 1, 3 * PAGE], ids=["a-byte", "a-page-and-a-byte", "pages"])
+def test_a_file_that_ends_early_says_where(tmp_path: Path, past_page: int, missing: int) -> None:
+    length = HUGE if past_page else LARGE
+    path, data = _stored(tmp_path, length - missing)
+    out = _memory(length, past_page)
+    with pytest.raises(OSError, match=f"{path} ends at byte {length - missing}, expected {missing} more"):
+        _read(path, out, 0)
+    assert np.array_equal(out[: length - missing], data)
+
+
+def test_a_file_system_refusing_direct_io_is_read_through_the_page_cache(ramfs: Path) -> None:
+    path, data = _stored(ramfs, LARGE + PAGE)
+    with pytest.raises(OSError):
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))  # the premise: ramfs refuses it
+    for past_page in (0, 64):
+        out = _memory(HUGE if past_page else LARGE, past_page)[:LARGE]
+        reports, read_directly = _read(path, out, PAGE)
+        assert np.array_equal(out, data[PAGE : PAGE + LARGE])
+        assert reports[-1] == LARGE and read_directly == 0
+
+
+def test_a_direct_read_sees_bytes_a_writer_left_in_the_page_cache(tmp_path: Path) -> None:
+    path, data = _stored(tmp_path, LARGE)
+    os.sync()  # the old bytes on the disk
+    changed = (data ^ 0xFF).astype(np.uint8)
+    descriptor = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(descriptor, changed.tobytes(), 0)  # dirty in the page cache, not fsync'd
+    finally:
+        os.close(descriptor)
+    out = aligned_empty((LARGE,), np.uint8)
+    _, read_directly = _read(path, out, 0)
+    assert read_directly > 0 and np.array_equal(out, changed)
+
+
+def test_only_c_contiguous_arrays_are_filled(tmp_path: Path) -> None:
+    path, _ = _stored(tmp_path, 4 * PAGE)
+    with BlockFile(path) as source, pytest.raises(ValueError, match="C-contiguous"):
+        source.read_into(np.empty((8, 8))[:, ::2], 0)
+
+
+@pytest.mark.parametrize("backend", ["posix", "hdf5"])
+@pytest.mark.parametrize("direct_io", [True, False])
+def test_backends_read_a_large_block_back_both_ways(tmp_path: Path, backend: str, direct_io: bool) -> None:
+    from mpi4py import MPI
+
+    shape = (LARGE // 8 // 16, 16)
+    whole = np.random.default_rng(3).standard_normal(shape)
+    record = LeafRecord("u", "distributed", "<f8", shape, (Block(0, (0, 0), shape, "0"),))
+    storage = open_backend(backend, {"direct_io": direct_io})
+    placed = storage.layout([record])[0]
+    storage.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, placed.blocks[0], whole)])
+    for out in (aligned_empty(shape, np.float64), _memory(whole.nbytes, 64).view(np.float64).reshape(shape)):
+        out[:] = 0
+        reports: list[int] = []
+        request = BlockData(placed, placed.blocks[0], out)
+        storage.read(tmp_path, [request], lambda _, count: reports.append(count))
+        assert np.array_equal(out, whole)
+        assert reports == sorted(reports) and reports[-1] == whole.nbytes
