@@ -163,6 +163,7 @@ def test_only_a_whole_step_of_the_same_backend_and_ranks_lends_its_layout(tmp_pa
         manifest, delta = checkpointer.run_dir.manifest(1), checkpointer.run_dir.manifest(2)
     posix, hdf5 = open_backend("posix"), open_backend("hdf5")
     assert CommittedLayout.of(1, manifest, posix, 1).records == manifest.leaves
-    unusable = ((1, manifest, hdf5, 1), (1, manifest, posix, 2), (2, delta, posix, 1), (1, None, posix, 1))
+    unusable = ((1, manifest, hdf5, 1), (1, manifest, posix, 2), (2, delta, posix, 1), (1, None, posix, 1),
+                (1, manifest, open_backend("posix", {"block_alignment": 4096}), 1))  # configured otherwise
     for step, manifest_, backend, size in unusable:
         assert CommittedLayout.of(step, manifest_, backend, size).records is None

@@ -32,7 +32,9 @@ class CommittedLayout:
 
     ``records`` are the step's laid-out records with every block, on rank 0 (None on
     the other ranks, and where the step cannot lend its layout: blocks in shards or
-    in other steps, another backend or number of ranks, a leaf without blocks).
+    in other steps, another backend or number of ranks, a leaf without blocks, or
+    records that the backend, as configured now, lays out otherwise: another
+    ``ranks_per_file`` or striping).
     """
 
     step: int
@@ -43,7 +45,8 @@ class CommittedLayout:
         """The layout of restored ``step``, from rank 0's whole ``manifest`` (None elsewhere)."""
         usable = (manifest is not None and not manifest.shards and not manifest.incremental
                   and manifest.backend == backend.name and manifest.world_size == size
-                  and all(record.blocks for record in manifest.leaves))
+                  and all(record.blocks for record in manifest.leaves)
+                  and tuple(backend.layout(manifest.leaves)) == manifest.leaves)
         return cls(step, manifest.leaves if usable and manifest is not None else None)
 
 
