@@ -119,7 +119,8 @@ class CoordinatedEngine(Engine):
 
     def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
         def keep(step: int, manifest: Manifest | None) -> None:  # the next save may lay out as the step did
-            self.layouts.committed = CommittedLayout.of(step, manifest, self.backend, self.control.size)
+            self.layouts.committed = CommittedLayout.of(step, manifest, self.backend, self.control.rank,
+                                                        self.control.size)
 
         return restore_newest(self.control, self.run_dir, self.backend, state, choice, keep)
 

@@ -83,6 +83,25 @@ def test_a_box_moved_since_the_restored_step_merges_the_plans(world, mpi_tmp_pat
         assert restored["u"].array.tobytes() == field(world, moved)["u"].array.tobytes()
 
 
+def test_a_layout_the_backend_now_lays_out_otherwise_is_not_tried(world, mpi_tmp_path):
+    """Relaunched with another block alignment, rank 0 finds the restored records laid
+    out otherwise: the ranks agree not to try them (no ``reuse`` phase) and merge."""
+    run_dir = mpi_tmp_path / "realigned"
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
+        checkpointer.save(1, make_state(world, 1))
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="posix",
+                             backend_options={"block_alignment": 4096}) as relaunched:
+        assert relaunched.restore(make_state(world, 0)) == 1
+        relaunched.save(2, make_state(world, 2))
+        assert relaunched.last_save.plans_gathered and "reuse" not in relaunched.last_save.seconds
+        offsets = [block.location["offset"] for record in relaunched.run_dir.manifest(2).leaves
+                   for block in record.blocks]
+        assert all(offset % 4096 == 0 for offset in offsets)  # the new alignment took effect
+        restored = make_state(world, 0)
+        assert relaunched.restore(restored, step=2) == 2
+        assert_same(make_state(world, 2), restored)
+
+
 def field(world, rows_of_rank):
     """A distributed row block per rank, ``rows_of_rank[r]`` rows each."""
     start = sum(rows_of_rank[: world.rank])

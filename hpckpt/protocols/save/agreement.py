@@ -30,24 +30,32 @@ if TYPE_CHECKING:
 class CommittedLayout:
     """The layout of a committed step an engine restored, for its first save.
 
-    ``records`` are the step's laid-out records with every block, on rank 0 (None on
-    the other ranks, and where the step cannot lend its layout: blocks in shards or
-    in other steps, another backend or number of ranks, a leaf without blocks, or
-    records that the backend, as configured now, lays out otherwise: another
-    ``ranks_per_file`` or striping).
+    ``records`` are the step's laid-out records with every block, on rank 0; None on
+    the other ranks.
     """
 
     step: int
     records: tuple[LeafRecord, ...] | None
 
     @classmethod
-    def of(cls, step: int, manifest: Manifest | None, backend: Backend, size: int) -> CommittedLayout:
-        """The layout of restored ``step``, from rank 0's whole ``manifest`` (None elsewhere)."""
+    def of(
+        cls, step: int, manifest: Manifest | None, backend: Backend, rank: int, size: int
+    ) -> CommittedLayout | None:
+        """The layout of restored ``step`` as ``rank`` of ``size`` keeps it, from rank 0's
+        whole ``manifest`` (None elsewhere). Rank 0 keeps none where the step cannot lend
+        its layout (no whole manifest, blocks in shards or in other steps, another
+        backend or number of ranks, a leaf without blocks, or records that the backend,
+        as configured now, lays out otherwise: another ``ranks_per_file`` or striping);
+        the others cannot tell and keep one without records, and
+        :func:`agree_on_layout` finds that they do not all hold the same step's.
+        """
+        if rank != 0:
+            return cls(step, None)
         usable = (manifest is not None and not manifest.shards and not manifest.incremental
                   and manifest.backend == backend.name and manifest.world_size == size
                   and all(record.blocks for record in manifest.leaves)
                   and tuple(backend.layout(manifest.leaves)) == manifest.leaves)
-        return cls(step, manifest.leaves if usable and manifest is not None else None)
+        return cls(step, manifest.leaves) if usable and manifest is not None else None
 
 
 class LayoutMemory:
@@ -81,7 +89,8 @@ def agree_on_layout(
     layout of the same save and give its own layout digest of it again; otherwise no
     layout is reused (the plans must then be merged, unless the restored step's layout
     fits, :func:`reuse_committed_layout`). Only ranks that all restored the same step
-    try its layout (after an in-job repair, the survivors restored none).
+    try its layout, and only where rank 0 found it usable (:meth:`CommittedLayout.of`;
+    after an in-job repair, the survivors restored none).
 
     Raises
     ------
@@ -118,7 +127,8 @@ def reuse_committed_layout(
     """The layout of the restored step ``committed`` when every rank's ``plan`` places
     its blocks there exactly as a merge would, else None.
 
-    Collective over ``phases.comm`` (every rank restored the same step): rank 0 sends
+    Collective over ``phases.comm`` (every rank holds ``committed``, rank 0 with its
+    records: :func:`agree_on_layout` found so): rank 0 sends
     each rank its part of the step's records (phase ``reuse``), each rank compares the
     blocks it plans with its blocks there (:func:`~hpckpt.model.layout.planned_blocks`),
     and one reduction tells whether all agree. ``digest`` is this rank's layout digest, kept
@@ -129,18 +139,14 @@ def reuse_committed_layout(
 
     comm, records = phases.comm, committed.records
 
-    def parts() -> list[tuple[LeafRecord, ...] | None] | None:
-        if comm.rank != 0:
-            return None
-        if records is None:
-            return [None] * comm.size
-        return list(backend.parts(records, range(comm.size)))
+    def parts() -> list[tuple[LeafRecord, ...]] | None:
+        return None if records is None else list(backend.parts(records, range(comm.size)))
 
-    part: tuple[LeafRecord, ...] | None = phases.run("reuse", parts, scatter_phase)
-    same = part is not None and planned_blocks(plan, comm.rank, comm.size) == recorded_blocks(part, comm.rank)
-    if not comm.allreduce(same, op=MPI.LAND) or part is None:
+    part: tuple[LeafRecord, ...] = phases.run("reuse", parts, scatter_phase)
+    same = planned_blocks(plan, comm.rank, comm.size) == recorded_blocks(part, comm.rank)
+    if not comm.allreduce(same, op=MPI.LAND):
         return None
-    if comm.rank == 0 and records is not None:  # rank 0 writes with every record, as after a merge
+    if records is not None:  # rank 0 writes with every record, as after a merge
         return AgreedLayout.of(committed.step, digest, 0, comm.size, records,
                                sum(record.nbytes for record in records))
     return AgreedLayout.of(committed.step, digest, comm.rank, comm.size, part, 0)
