@@ -28,11 +28,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from common import timed, write_arrays
 
 BACKENDS = ("hdf5", "posix", "adios2")
 WAYS = ("restored", "empty")
@@ -65,22 +66,11 @@ def worker(args: argparse.Namespace) -> None:
     comm.Barrier()
 
     def raw() -> None:
-        descriptor = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            views = [memoryview(array).cast("B") for array in arrays]
-            for start in range(0, len(views), 512):  # at most IOV_MAX buffers per call
-                os.writev(descriptor, views[start : start + 512])
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        write_arrays(raw_path, arrays)
 
-    def timed(action: Callable[[], object]) -> float:
+    def synced_timed(action: Callable[[], object]) -> float:  # after a sync, untimed
         os.sync()
-        comm.Barrier()
-        start = time.perf_counter()
-        action()
-        comm.Barrier()
-        return time.perf_counter() - start
+        return timed(comm, action)
 
     checkpointer = hpckpt.Checkpointer(run_dir if args.way == "restored" else empty, comm=comm, keep=1,
                                        backend=args.backend)
@@ -91,12 +81,12 @@ def worker(args: argparse.Namespace) -> None:
         step = restored + 1
     result: dict = {"backend": args.backend, "way": args.way}
     for name in (("raw", "save") if args.raw_first else ("save", "raw")):
-        result[name] = timed(raw if name == "raw" else lambda: checkpointer.save(step, state))
+        result[name] = synced_timed(raw if name == "raw" else lambda: checkpointer.save(step, state))
     report = checkpointer.last_save
     result["phases"] = report.seconds
     result["plans_gathered"] = report.plans_gathered
     if args.way == "restored":  # what a later save of the same job takes, phase by phase
-        result["later"] = timed(lambda: checkpointer.save(step + 1, state))
+        result["later"] = synced_timed(lambda: checkpointer.save(step + 1, state))
         result["later_phases"] = checkpointer.last_save.seconds
     checkpointer.close()
     if comm.rank == 0:

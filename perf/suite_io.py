@@ -61,6 +61,7 @@ from common import (
     rank_rows,
     read_direct,
     timed,
+    write_arrays,
     write_plain_adios2,
     write_plain_h5py,
     write_raw,
@@ -348,14 +349,7 @@ def small_arrays(comm: MPI.Comm, root: Path, count: int, kib: int, repeat: int) 
     raw_path = root / f"small-raw-{comm.rank}.bin"
 
     def raw() -> None:
-        fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            views = [memoryview(array).cast("B") for array in arrays]
-            for start in range(0, len(views), 512):  # at most IOV_MAX buffers per call
-                os.writev(fd, views[start : start + 512])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_arrays(raw_path, arrays)
 
     checkpointers = {
         name: hpckpt.Checkpointer(root / f"small-{name}", comm=comm, keep=1, backend=name)

@@ -88,7 +88,7 @@ def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: 
                 buffered += run
                 continue
             if direct_descriptor < 0:
-                direct_descriptor = _open_direct(path)
+                direct_descriptor = open_direct(path, os.O_WRONLY)
                 if direct_descriptor < 0:
                     direct = False
                     buffered += run
@@ -193,23 +193,30 @@ def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryv
     return placed
 
 
-def _direct_range(offset: int, length: int) -> tuple[int, int]:
-    """The whole pages of ``[offset, offset + length)``; empty for a small piece."""
-    if length < DIRECT_MIN:
-        return 0, 0
+def whole_pages(offset: int, length: int) -> tuple[int, int]:
+    """The file range of the whole pages (:data:`ALIGNMENT`) inside ``[offset, offset +
+    length)``; ``(0, 0)`` where there is none. Pure; direct writes and reads use it.
+    """
     start = -(-offset // ALIGNMENT) * ALIGNMENT
     end = (offset + length) // ALIGNMENT * ALIGNMENT
     return (start, end) if end > start else (0, 0)
 
 
-def _open_direct(path: Path) -> int:
-    """A direct-I/O descriptor of ``path``, or -1 where the file system refuses one."""
+def open_direct(path: Path, flags: int) -> int:
+    """A direct-I/O descriptor of ``path`` opened with ``flags`` (``os.O_WRONLY`` or
+    ``os.O_RDONLY``), or -1 where the file system refuses one. Not collective.
+    """
     try:
-        return os.open(path, os.O_WRONLY | _DIRECT)
+        return os.open(path, flags | _DIRECT)
     except OSError as exc:
         if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
             return -1
         raise
+
+
+def _direct_range(offset: int, length: int) -> tuple[int, int]:
+    """The whole pages of ``[offset, offset + length)``; empty for a small piece."""
+    return (0, 0) if length < DIRECT_MIN else whole_pages(offset, length)
 
 
 def _address(view: memoryview) -> int:

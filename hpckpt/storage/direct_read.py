@@ -31,7 +31,7 @@ the rule, for each block read:
 - blocks smaller than :data:`DIRECT_READ_MIN` are read through the page cache (at
   1 MiB direct reads measured within this machine's noise; readahead serves blocks
   read one after the other);
-- the whole pages (:data:`ALIGNMENT` bytes at file offsets that are multiples of it)
+- the whole pages (:data:`~hpckpt.storage.direct.ALIGNMENT` bytes at file offsets that are multiples of it)
   of a larger block are read directly when its memory is page-aligned where they go
   (:func:`~hpckpt.buffers.host.aligned_empty` memory, at a page-aligned offset), in
   pieces of :data:`DIRECT_PIECE` bytes; the unaligned head and tail through the page
@@ -63,10 +63,10 @@ from types import TracebackType
 
 import numpy as np
 
-from ..buffers.host import PAGE, AlignedPool
+from ..buffers.host import AlignedPool
+from .direct import ALIGNMENT, open_direct, whole_pages
 from .positioned import read_into
 
-ALIGNMENT = PAGE  # file offsets, lengths and memory of direct reads (>= the 512 bytes of most disks)
 DIRECT_READ_MIN = 4 << 20  # smaller blocks are read through the page cache
 BOUNCED_READ_MIN = 128 << 20  # smaller blocks in memory not page-aligned are read buffered
 # Bytes per direct read, and of each of the two bounce buffers. Smaller than a buffered
@@ -150,10 +150,9 @@ class BlockFile:
         """
         if not self._direct or len(flat) < DIRECT_READ_MIN:
             return 0, 0
-        start = -(-offset // ALIGNMENT) * ALIGNMENT
-        end = (offset + len(flat)) // ALIGNMENT * ALIGNMENT
+        start, end = whole_pages(offset, len(flat))
         unaligned = (flat.ctypes.data + start - offset) % ALIGNMENT
-        if end <= start or (unaligned and len(flat) < BOUNCED_READ_MIN):
+        if unaligned and len(flat) < BOUNCED_READ_MIN:
             return 0, 0
         return start, end
 
@@ -246,10 +245,6 @@ class BlockFile:
 
     def _open_direct(self) -> int:
         """A direct-I/O descriptor of the file, or -1 where the file system refuses one."""
-        try:
-            self._direct_descriptor = os.open(self.path, os.O_RDONLY | _DIRECT)
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
-                raise
-            self._direct = False
+        self._direct_descriptor = open_direct(self.path, os.O_RDONLY)
+        self._direct = self._direct_descriptor >= 0
         return self._direct_descriptor
