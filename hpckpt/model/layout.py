@@ -251,10 +251,14 @@ def fill_checksums(
     """
     filled = []
     for record in records:  # direct construction: dataclasses.replace costs 5 us a call, 10,000s per save
-        sums = chunks[record.path] if record.kind == LeafKind.REPLICATED and record.blocks else None
+        sums: dict[tuple[int, ...], str] | None = None
+        if record.kind == LeafKind.REPLICATED and record.blocks:  # by each chunk's offset
+            checksums = chunks[record.path]
+            boxes = replicated_chunks(record.whole_shape, record.itemsize, len(checksums))
+            sums = {box[0]: checksum for box, checksum in zip(boxes, checksums, strict=True)}
         blocks = tuple(
-            Block(b.rank, b.offset, b.shape, per_rank[b.rank][record.path] if sums is None else sums[b.rank],
-                  b.location, b.members)
+            Block(b.rank, b.offset, b.shape,
+                  per_rank[b.rank][record.path] if sums is None else sums[b.offset], b.location, b.members)
             for b in record.blocks
         )
         filled.append(LeafRecord(record.path, record.kind, record.dtype, record.global_shape, blocks,

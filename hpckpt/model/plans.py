@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,10 +29,23 @@ LATER = "pending"  # a planned block's checksum, which its rank reports after th
 DIGEST_BITS = 62  # digests fit an int64 with their negation (a minimum reduction then also gives the maximum)
 
 
+def writer_chunk(path: str, rank: int, size: int) -> int:
+    """The row chunk (:func:`replicated_chunks`) of replicated leaf ``path`` that
+    ``rank`` of ``size`` writes; a number past the leaf's chunks: none.
+
+    The chunks go round the ranks from a start that the path's CRC-32 picks, so that a
+    state of many small replicated arrays (a model's tensors and their optimizer
+    moments, one chunk each) is written by every rank, not all by rank 0. Pure: every
+    rank computes the same.
+    """
+    return (rank - zlib.crc32(path.encode()) % size) % size
+
+
 def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> list[Box]:
-    """The row chunks a replicated array of ``shape`` is written in by ranks 0, 1, ... of
-    ``size``: as many as ranks, but none under :data:`MIN_REPLICATED_CHUNK` bytes (one
-    for a small, 0-d or empty array). Pure: every rank computes the same.
+    """The row chunks a replicated array of ``shape`` is written in by ``size`` ranks
+    (which rank writes which: :func:`writer_chunk`): as many as ranks, but none under
+    :data:`MIN_REPLICATED_CHUNK` bytes (one for a small, 0-d or empty array). Pure:
+    every rank computes the same.
     """
     whole: Box = ((0,) * len(shape), tuple(shape))
     if not shape or shape[0] == 0:
@@ -143,13 +157,15 @@ def leaves_by_path(plans: Sequence[RankPlan], first: int) -> list[list[tuple[int
 
 def leaf_blocks(per_rank: list[tuple[int, LeafPlan]], size: int) -> tuple[Block, ...]:
     """The blocks of one leaf's plans (with their ranks, of ``size``); a replicated leaf
-    has a chunk on each of its first ranks (:func:`replicated_chunks`): rank r writes chunk r.
+    has a chunk on each of as many ranks as it has chunks (:func:`replicated_chunks`,
+    :func:`writer_chunk`).
     """
     first = per_rank[0][1]
     if first.kind == LeafKind.REPLICATED:
         chunks = replicated_chunks(first.shape, np.dtype(first.dtype).itemsize, size)
-        return tuple(Block(rank, *chunks[rank], leaf.checksum, _encoded(leaf))
-                     for rank, leaf in per_rank if rank < len(chunks))
+        owned = [(rank, leaf, writer_chunk(first.path, rank, size)) for rank, leaf in per_rank]
+        return tuple(Block(rank, *chunks[chunk], leaf.checksum, _encoded(leaf))
+                     for rank, leaf, chunk in owned if chunk < len(chunks))
     return tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum, _encoded(leaf),
                        tuple(map(Member._make, leaf.members))) for rank, leaf in per_rank)
 

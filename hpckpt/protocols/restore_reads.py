@@ -235,8 +235,9 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
     """The blocks ``target``'s rank reads, from ``manifest`` (its part of a step's
     manifest) alone, and where their bytes go. Each rank, alone (the ``plan`` phase).
 
-    Replicated chunk ``j`` is read by rank ``j % size`` and broadcast: each byte of a
-    replicated array is read from storage once per job.
+    A replicated chunk is read by the rank that wrote it (modulo ``size``) and
+    broadcast: each byte of a replicated array is read from storage once per job, by
+    ranks as evenly loaded as the save's writers.
 
     Raises
     ------
@@ -262,11 +263,12 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
             pieces += _overlapping(record, overlaps(record, (leaf.offset, leaf.shape)), destination, device)
         elif isinstance(leaf, Replicated):
             chunks = overlaps(record, ((0,) * len(leaf.shape), leaf.shape))
-            mine = [chunk for index, chunk in enumerate(chunks) if index % target.size == target.rank]
+            readers = [chunk.block.rank % target.size for chunk in chunks]
+            mine = [chunk for chunk, reader in zip(chunks, readers, strict=True) if reader == target.rank]
             pieces += _overlapping(record, mine, destination, device)
             if target.size > 1:
-                shares += [_Share(destination, chunk.into, index % target.size, device, slot.path)
-                           for index, chunk in enumerate(chunks)]
+                shares += [_Share(destination, chunk.into, reader, device, slot.path)
+                           for chunk, reader in zip(chunks, readers, strict=True)]
         else:
             owner = source if leaf.kind == LeafKind.LOCAL and source is not None else target.rank
             block = record.block_of(owner)

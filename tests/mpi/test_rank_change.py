@@ -132,6 +132,7 @@ def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(
     world, mpi_tmp_path, backend, writers, readers
 ):
     from hpckpt.model.layout import MIN_REPLICATED_CHUNK, replicated_chunks
+    from hpckpt.model.plans import writer_chunk
 
     rows = (writers * MIN_REPLICATED_CHUNK + 5 * 8 * 64) // (8 * 64)  # a little over ``writers`` chunks
     table = np.arange(rows * 64, dtype=np.float64).reshape(rows, 64) / 3
@@ -140,7 +141,8 @@ def test_a_large_replicated_array_is_written_in_chunks_and_each_chunk_read_once(
     if comm != MPI.COMM_NULL:
         with hpckpt.Checkpointer(run_dir, comm=comm, **backend) as checkpointer:
             checkpointer.save(1, {"table": hpckpt.Replicated(table.copy())})
-            (_, (own_rows, _)) = replicated_chunks(table.shape, 8, writers)[comm.rank]
+            (_, (own_rows, _)) = replicated_chunks(table.shape, 8, writers)[writer_chunk("table", comm.rank,
+                                                                                         writers)]
             # every writer its chunk
             written, chunk_bytes = checkpointer.last_save.written_bytes, own_rows * 64 * 8
             compressed = "compression" in backend.get("backend_options", {})

@@ -13,6 +13,7 @@ from hpckpt.model.plans import (
     pack_plan,
     plan_digests,
     replicated_chunks,
+    writer_chunk,
 )
 
 
@@ -51,19 +52,30 @@ def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
     ]
     assert replicated_chunks((), 8, 4) == [((), ())] and replicated_chunks((0, 4), 8, 4) == [((0, 0), (0, 4))]
     sums = ("a", "b", "c")
+    writes = [writer_chunk("w", rank, 4) for rank in range(4)]
+    assert sorted(writes) == [0, 1, 2, 3]  # each rank one chunk number, the one past the chunks: none
     plans = [
-        RankPlan(
-            (LeafPlan("w", "replicated", "<f8", (rows, 4), offset, None, sums[rank], chunk_checksums=sums),),
-            {},
-        )
-        for rank, (offset, _) in enumerate(chunks)
+        RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), chunks[chunk][0], None, sums[chunk],
+                           chunk_checksums=sums),), {})
+        if chunk < len(chunks)
+        else RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, "",
+                                chunk_checksums=sums),), {})
+        for chunk in writes
     ]
-    plans.append(
-        RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, "", chunk_checksums=sums),), {})
-    )
     (record,), _ = merge_plans(plans)
-    assert [(b.rank, b.offset, b.shape, b.checksum) for b in record.blocks] == [
-        (rank, offset, shape, sums[rank]) for rank, (offset, shape) in enumerate(chunks)]
+    assert sorted((b.offset, b.shape, b.checksum, writes[b.rank]) for b in record.blocks) == [
+        (offset, shape, sums[chunk], chunk) for chunk, (offset, shape) in enumerate(chunks)]
+
+
+def test_a_state_of_many_small_replicated_arrays_is_written_by_every_rank():
+    """One chunk each (a model's tensors): the writing ranks go round from a start the
+    path picks, so no rank writes much more than its share."""
+    paths = [f"model/layers/{layer}/{name}" for layer in range(12) for name in ("w1", "w2", "wq", "wo")]
+    for size in (2, 4):
+        writers = [next(rank for rank in range(size) if writer_chunk(path, rank, size) == 0)
+                   for path in paths]
+        counts = [writers.count(rank) for rank in range(size)]
+        assert min(counts) >= len(paths) // size // 2, counts
 
 
 @pytest.mark.parametrize(

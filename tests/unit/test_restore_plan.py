@@ -145,12 +145,13 @@ def test_local_from_picks_the_writer_rank_whose_block_a_rank_reads():
 
 
 def test_each_replicated_chunk_is_read_by_one_rank_and_shared_with_the_others():
-    chunks = tuple(Block(0, (start,), (2,), str(start)) for start in (0, 2, 4))
+    # written by 3 ranks, rank 0 the last chunk; restored on 2: a chunk is read by its writer % 2
+    chunks = tuple(Block(writer, (start,), (2,), str(start)) for writer, start in ((1, 0), (2, 2), (0, 4)))
     weights = LeafRecord("w", "replicated", "<f8", (6,), chunks)
     state = {"w": hpckpt.Replicated(np.zeros(6))}
     plan = plan_reads(manifest(weights), target(state, rank=1))
-    assert [piece.request.block.offset for piece in plan.pieces] == [(2,)]  # chunk j is read by rank j % 2
-    assert [(share.root, share.into) for share in plan.shares] == [(0, (slice(0, 2),)), (1, (slice(2, 4),)),
+    assert [piece.request.block.offset for piece in plan.pieces] == [(0,)]
+    assert [(share.root, share.into) for share in plan.shares] == [(1, (slice(0, 2),)), (0, (slice(2, 4),)),
                                                                     (0, (slice(4, 6),))]
     alone = plan_reads(manifest(weights), target(state, rank=0, size=1))
     assert len(alone.pieces) == 3 and alone.shares == []

@@ -33,6 +33,7 @@ from ...model.plans import (
     pack_plan,
     packed_bytes,
     replicated_chunks,
+    writer_chunk,
 )
 from ...model.tree import Slot, flatten
 from ...storage.base import Backend, Encoded
@@ -95,8 +96,9 @@ def plan_local(
     stored for each host array; checksums are of what a restore gives back (the array
     itself, or its lossy reconstruction). The copies of all device leaves are enqueued
     first, so they run while host leaves are checksummed. Of a replicated array, ``rank``
-    (of ``size``) stores its row chunk only (:func:`~hpckpt.model.layout.replicated_chunks`)
-    and checksums every chunk, for the ranks to agree that their copies are the same.
+    (of ``size``) stores its row chunk only, if it has one
+    (:func:`~hpckpt.model.plans.writer_chunk`), and checksums every chunk, for the ranks
+    to agree that their copies are the same.
     Local leaves of at most :data:`~hpckpt.model.layout.PACK_LIMIT` bytes that the
     backend stores exactly go into this rank's pack, one block with one checksum.
 
@@ -167,11 +169,12 @@ def _plan_leaf(
     if isinstance(leaf, Replicated):
         chunks = replicated_chunks(host.shape, host.dtype.itemsize, size)
         chunk_checksums = tuple(block_checksum(host[_rows(box)]) for box in chunks)
-        if rank >= len(chunks):  # a small array: the lower ranks write it
+        mine = writer_chunk(slot.path, rank, size)
+        if mine >= len(chunks):  # a small array: other ranks write it
             return LeafPlan(slot.path, leaf.kind, host.dtype.str, host.shape, (), None, "",
                             leaf_encoding(leaf), chunk_checksums=chunk_checksums)
-        offset, own = chunks[rank][0], host[_rows(chunks[rank])]
-        checksum = chunk_checksums[rank]
+        offset, own = chunks[mine][0], host[_rows(chunks[mine])]
+        checksum = chunk_checksums[mine]
     encoded = _encoded(backend, slot.path, own)
     if checksum is None and deferred is not None and encoded.restored is own:
         checksum, deferred[slot.path] = LATER, own
