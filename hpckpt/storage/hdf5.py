@@ -17,7 +17,12 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
   other, each flattened in C order, from the element ``"start"`` (older writers: a
   dataset per block, ``/a/b/rank-00003``, or a chunked dataset of the global shape,
   which hpckpt still reads);
-- every dataset has the attribute ``hpckpt_kind``.
+- every dataset has the attribute ``hpckpt_kind``;
+- the datasets are created (and so lie in the file) in the order of the lowest rank
+  writing each, and HDF5 gathers their headers in metadata blocks of
+  :data:`META_BLOCK` bytes: the arrays that one rank writes whole (a model's small
+  replicated tensors, :func:`~hpckpt.model.plans.writer_chunk`) follow each other, so
+  that rank writes them in long direct runs.
 
 Which of these layouts holds a block is told in one place,
 :func:`~hpckpt.storage.hdf5_layout.stored_layout` (its docstring says which writers and
@@ -83,6 +88,7 @@ if TYPE_CHECKING:
     from .lustre import Striping
 
 LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in the file
+META_BLOCK = 1 << 20  # bytes of HDF5 metadata set aside at a time (never written, unused, are a hole)
 HDF5Extent: TypeAlias = dict[str, int]  # a group's: per Local and distributed leaf, its blocks' elements
 # a group's start: per concatenated leaf, the elements of the earlier groups' blocks and of every group's
 HDF5Start: TypeAlias = dict[str, tuple[int, int]]
@@ -94,6 +100,11 @@ def _h5py() -> Any:
     except ImportError as exc:
         raise ImportError("the hdf5 backend needs h5py: `pip install h5py` (hpckpt's [hdf5] extra)") from exc
     return h5py
+
+
+def _first_writer(record: LeafRecord) -> float:
+    """The lowest rank writing bytes of ``record`` (infinite for none: it sorts last)."""
+    return min((block.rank for block in record.blocks if block.size), default=math.inf)
 
 
 class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
@@ -230,14 +241,15 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         recycled = self._recycled_offsets(path, digest, records, annotations.values)
         if recycled is not None:
             return recycled
-        options = {}
+        options: dict[str, Any] = {"meta_block_size": META_BLOCK}
         if self.alignment:
-            options = {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment}
+            options |= {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment}
         elif self.direct_io:
-            options = {"alignment_threshold": direct.DIRECT_MIN, "alignment_interval": direct.ALIGNMENT}
+            options |= {"alignment_threshold": direct.DIRECT_MIN, "alignment_interval": direct.ALIGNMENT}
         with self._h5py.File(path, "w", **options) as h5:
             h5.attrs["hpckpt_format"] = "hpckpt"
-            created = {dataset_path(record): self._create(h5, record) for record in records}
+            created = {dataset_path(record): self._create(h5, record)
+                       for record in sorted(records, key=_first_writer)}
             attach_dimension_scales(h5, records, annotations.dims)
             set_value_attributes(h5, annotations.values)
             # a recycled copy of the file may be written in place

@@ -3,6 +3,7 @@ file holds exactly the bytes asked for, on the repository's file system and on t
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -176,6 +177,7 @@ def test_hdf5_starts_datasets_large_enough_for_direct_writes_on_a_page(tmp_path:
 
     arrays = {
         "small": np.arange(3, dtype=np.int16),
+        "small2": np.arange(3, dtype=np.int16),
         "large": aligned_empty((direct.DIRECT_MIN // 8 + 5,), np.float64),
     }
     arrays["large"][:] = 2.5
@@ -194,7 +196,34 @@ def test_hdf5_starts_datasets_large_enough_for_direct_writes_on_a_page(tmp_path:
         with h5py.File(directory / "data.h5", "r") as h5:
             if large_aligned:
                 assert h5["large"].id.get_offset() % PAGE == 0
-            assert h5["small"].id.get_offset() % PAGE != 0  # small datasets are not aligned
+            # small datasets are not aligned: the second follows the first
+            assert h5["small2"].id.get_offset() - h5["small"].id.get_offset() == 6
             assert np.array_equal(h5["large"][()], arrays["large"])
             assert np.array_equal(h5["small"][()], arrays["small"])
     assert open_backend("hdf5").direct_io
+
+
+def test_hdf5_lays_the_arrays_each_rank_writes_whole_one_after_the_other(tmp_path: Path) -> None:
+    """A model's small replicated tensors go round the ranks; in the file, each rank's
+    follow each other (headers kept apart in metadata blocks), so it writes one long run."""
+    import h5py
+    from mpi4py import MPI
+
+    from hpckpt.model.manifest import Block, LeafRecord
+    from hpckpt.storage import open_backend
+    from hpckpt.storage.base import BlockData
+
+    rows = 1 << 14  # 128 KiB of float64 each
+    writers = {f"layer{index}/w": index % 2 for index in range(8)}
+    records = [LeafRecord(path, "replicated", "<f8", (rows,), (Block(rank, (0,), (rows,), "0"),))
+               for path, rank in writers.items()]
+    backend = open_backend("hdf5")
+    placed = backend.layout(records)
+    # with COMM_SELF this process lays out the file and writes rank 0's arrays
+    ours = [BlockData(r, r.blocks[0], np.full(rows, float(i))) for i, r in enumerate(placed) if i % 2 == 0]
+    backend.write(MPI.COMM_SELF, tmp_path, placed, ours)
+    with h5py.File(tmp_path / "data.h5", "r") as h5:
+        for rank in (0, 1):
+            offsets = sorted(h5[path].id.get_offset() for path, writer in writers.items() if writer == rank)
+            assert [b - a for a, b in itertools.pairwise(offsets)] == [rows * 8] * 3, (rank, offsets)
+        assert np.array_equal(h5["layer2/w"][()], np.full(rows, 2.0))
