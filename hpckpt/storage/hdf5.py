@@ -19,10 +19,11 @@ Layout of ``data.h5`` (readable with plain h5py and ``h5dump``):
   which hpckpt still reads);
 - every dataset has the attribute ``hpckpt_kind``;
 - the datasets are created (and so lie in the file) in the order of the lowest rank
-  writing each, and HDF5 gathers their headers in metadata blocks of
-  :data:`META_BLOCK` bytes: the arrays that one rank writes whole (a model's small
-  replicated tensors, :func:`~hpckpt.model.plans.writer_chunk`) follow each other, so
-  that rank writes them in long direct runs.
+  writing each, and (in a file of :data:`MANY_DATASETS` or more) HDF5 gathers their
+  headers in metadata blocks of 4 KiB per dataset, up to 1 MiB: the arrays that one
+  rank writes whole (a model's small replicated tensors,
+  :func:`~hpckpt.model.plans.writer_chunk`) follow each other, so that rank writes
+  them in long direct runs.
 
 Which of these layouts holds a block is told in one place,
 :func:`~hpckpt.storage.hdf5_layout.stored_layout` (its docstring says which writers and
@@ -88,7 +89,10 @@ if TYPE_CHECKING:
     from .lustre import Striping
 
 LAYOUT_ATTRIBUTE = "hpckpt_layout"  # digest of the datasets hpckpt created in the file
-META_BLOCK = 1 << 20  # bytes of HDF5 metadata set aside at a time (never written, unused, are a hole)
+# A file of MANY_DATASETS datasets or more sets HDF5 metadata aside in blocks of 4 KiB per dataset
+# (about what a header and its groups take), 1 MiB at most; what stays unused is a hole in the file.
+# A smaller file keeps HDF5's 2 KiB blocks, and so its size.
+MANY_DATASETS, META_BLOCK_PER_DATASET, META_BLOCK_MAX = 64, 4 << 10, 1 << 20
 HDF5Extent: TypeAlias = dict[str, int]  # a group's: per Local and distributed leaf, its blocks' elements
 # a group's start: per concatenated leaf, the elements of the earlier groups' blocks and of every group's
 HDF5Start: TypeAlias = dict[str, tuple[int, int]]
@@ -241,7 +245,9 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         recycled = self._recycled_offsets(path, digest, records, annotations.values)
         if recycled is not None:
             return recycled
-        options: dict[str, Any] = {"meta_block_size": META_BLOCK}
+        options: dict[str, Any] = {}
+        if len(records) >= MANY_DATASETS:
+            options["meta_block_size"] = min(META_BLOCK_MAX, META_BLOCK_PER_DATASET * len(records))
         if self.alignment:
             options |= {"alignment_threshold": self.alignment_threshold, "alignment_interval": self.alignment}
         elif self.direct_io:
