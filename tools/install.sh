@@ -38,6 +38,7 @@ fi
 command -v h5dump >/dev/null 2>&1 || need_apt+=(hdf5-tools)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v patch >/dev/null 2>&1 || need_apt+=(patch)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && [ -z "${HPCKPT_SKIP_APT:-}" ] && command -v apt-get >/dev/null; then
         say "apt-get install ${need_apt[*]}"
@@ -64,7 +65,10 @@ fi
 . "$repo/tools/build-keys.sh"  # py_tag, mpi_id, mpi_version, key_of
 mpi4py_key="mpi4py-$MPI4PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $mpi_version")"
 h5py_key="h5py-$H5PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $hdf5_setting $mpi4py_key")"
-adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF")"
+# tools/adios2-patches/*.patch are applied to ADIOS2 before it is built: their content is
+# part of the key, so that changing a patch rebuilds the cached wheel
+adios2_patches=$(cat "$repo"/tools/adios2-patches/*.patch | md5sum | cut -c1-12)
+adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF patches=$adios2_patches")"
 stamp_value="$mpi4py_key $h5py_key $adios2_key $(md5sum "$0" "$repo/setup.cfg" | md5sum | cut -c1-12)"
 stamp=$venv/.hpckpt-install-stamp
 
@@ -132,6 +136,13 @@ if anchor not in text:
 if anchor + patch not in text:  # the same lines stand elsewhere in the file: match with the anchor
     open(path, "w").write(text.replace(anchor, anchor + patch, 1))
 PY
+    # BP5 changes kept as upstream-ready patches (tools/adios2-patches/README.md)
+    for patch_file in "$repo"/tools/adios2-patches/*.patch; do
+        if ! patch -p1 --forward --batch --quiet -d "$(echo "$src"/adios2-*/)" <"$patch_file"; then
+            say "$patch_file does not apply to ADIOS2 $ADIOS2_VERSION" >&2
+            exit 1
+        fi
+    done
     CC=$MPICC CXX=$MPICXX CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) build_wheel "$adios2_key" -- \
         -C cmake.define.ADIOS2_USE_MPI=ON -C cmake.define.ADIOS2_USE_SST=OFF \
         -C cmake.define.ADIOS2_USE_CURL=OFF -C cmake.define.ADIOS2_USE_OpenSSL=OFF \

@@ -192,7 +192,14 @@ def _h5py_report(h5py: Any) -> dict[str, Any]:
 
 
 def _adios2_report(adios2: Any) -> dict[str, Any]:
-    return {"version": adios2.__version__, "mpi": bool(adios2.is_built_with_mpi)}
+    """Its version, whether it has MPI and which of hpckpt's BP5 patches it lists."""
+    mpi = bool(adios2.is_built_with_mpi)
+    patches: list[str] = []
+    if mpi:  # the C library the adios2 backend loads (the serial wheel has none with MPI)
+        from ..storage.adios2_c import BP5_PATCHES, features
+
+        patches = sorted(features() & BP5_PATCHES)
+    return {"version": adios2.__version__, "mpi": mpi, "bp5_patches": patches}
 
 
 def _torch_report(torch: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def render(summary: dict[str, Any]) -> str:
         ("numpy", summary["numpy"]),
         *_mpi_rows(summary["mpi"]),
         ("h5py", _h5py_text(summary["h5py"])),
-        ("ADIOS2", _library_text(summary["adios2"], lambda a: f"{a['version']}, {_with_mpi(a['mpi'])}")),
+        ("ADIOS2", _library_text(summary["adios2"], _adios2_text)),
         ("torch", _library_text(summary["torch"], _torch_text)),
         ("CuPy", _library_text(summary["cupy"], _cupy_text)),
         *((name, version or "not installed") for name, version in summary["optional"].items()),
@@ -94,6 +94,12 @@ def _library_text(part: dict[str, Any] | None, describe: Callable[[dict[str, Any
     if part is None:
         return "not installed"
     return part["error"] if "version" not in part else describe(part)
+
+
+def _adios2_text(adios2: dict[str, Any]) -> str:
+    patches = adios2.get("bp5_patches") or []
+    shown = f"hpckpt's BP5 patches: {', '.join(patches)}" if patches else "without hpckpt's BP5 patches"
+    return f"{adios2['version']}, {_with_mpi(adios2['mpi'])}" + (f", {shown}" if adios2["mpi"] else "")
 
 
 def _with_mpi(mpi: bool) -> str:

@@ -48,6 +48,8 @@ _MODE_SYNC = 5
 _MODE_DEFERRED = 4
 _STEP_APPEND = 0
 _SIZES = ctypes.POINTER(ctypes.c_size_t)
+# the features that hpckpt's patches (tools/adios2-patches) add to adios2_available_features
+BP5_PATCHES = frozenset({"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"})
 _library: Any = None
 
 
@@ -96,8 +98,28 @@ def _load() -> Any:
         function = next(getattr(lib, name) for lib in libraries if hasattr(lib, name))
         function.restype, function.argtypes = restype, argtypes
         setattr(library, name, function)
+    # in ADIOS2's core library, reached through the C one's dependencies; older ADIOS2 lack it
+    listing = next((lib.adios2_available_features for lib in libraries
+                    if hasattr(lib, "adios2_available_features")), None)
+    if listing is not None:
+        listing.restype, listing.argtypes = None, [_SIZES, ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p))]
+    library.adios2_available_features = listing
     _library = library
     return library
+
+
+def features() -> frozenset[str]:
+    """The names the loaded ADIOS2 lists in ``adios2_available_features``: its optional
+    parts and, in a build with hpckpt's BP5 patches
+    (``tools/adios2-patches``, which ``make install`` applies), ``"BP5_CONTIGUOUS_READ"``
+    and ``"BP5_DIRECTIO_ZERO_COPY"``. Empty for an ADIOS2 without the list.
+    """
+    listing = _load().adios2_available_features
+    if listing is None:
+        return frozenset()
+    count, names = ctypes.c_size_t(), ctypes.POINTER(ctypes.c_char_p)()
+    listing(ctypes.byref(count), ctypes.byref(names))
+    return frozenset(names[index].decode() for index in range(count.value) if names[index])
 
 
 def _open_library(package: Any, name: str) -> ctypes.CDLL:
@@ -205,6 +227,7 @@ class BP5File:
         try:
             self._io = _handle(c.adios2_declare_io(self._adios, b"hpckpt-read"), "adios2_declare_io")
             _call("adios2_set_engine", self._io, engine.encode())
+            _call("adios2_set_parameter", self._io, b"Profile", b"Off")  # no profiling JSON beside the step
             opened = c.adios2_open(self._io, str(path).encode(), _MODE_READ_RANDOM_ACCESS)
             self._engine = _handle(opened, f"adios2_open({str(path)!r})")
         except BaseException:

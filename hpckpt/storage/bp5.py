@@ -41,7 +41,8 @@ import numpy as np
 from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
 from ..model.manifest import Block, LeafRecord
-from .adios2_c import BP5File, BP5Step
+from . import direct
+from .adios2_c import BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "AggregationType": "EveryoneWrites",
     "StatsLevel": "0",
 }
+ZERO_COPY = "BP5_DIRECTIO_ZERO_COPY"  # the ADIOS2 feature that makes DirectIO worth it (see ADIOS2Backend)
+DIRECT_PARAMETERS = {"DirectIO": "true", "DirectIOAlignOffset": str(direct.ALIGNMENT),
+                     "DirectIOAlignBuffer": str(direct.ALIGNMENT)}
 ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
 ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
 _NATIVE_TYPES = {
@@ -126,6 +130,15 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         :data:`DEFAULT_PARAMETERS`; values are strings, as ADIOS2 takes them.
     engine
         The ADIOS2 engine (default ``BP5``).
+    direct_io
+        Write with BP5's ``DirectIO`` where the loaded ADIOS2 writes page-aligned deferred
+        Puts from their own memory (it lists the feature :data:`ZERO_COPY`: the patch in
+        ``tools/adios2-patches`` that ``make install`` applies) and the step's file
+        system takes ``O_DIRECT`` (default); the pack, a non-blocking save's snapshot and
+        restored arrays are page-aligned, others are copied by BP5. An ADIOS2 without
+        the feature (a site's module) copies every Put with ``DirectIO``, which measured
+        slower than the page cache: it writes through the page cache. False: always
+        through the page cache. A ``DirectIO`` in ``parameters`` wins.
 
     Laid out in groups: a group's Local blocks are numbered after the earlier groups'
     (:meth:`group_starts`). Writes in place (a recycled ``data.bp/`` is written into, see
@@ -142,10 +155,31 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         striped = {"AggregationType": "TwoLevelShm", "NumAggregators": str(striping.count)}
         return {**options, "parameters": {**striped, **options.get("parameters", {})}}
 
-    def __init__(self, parameters: Mapping[str, Any] | None = None, engine: str = "BP5") -> None:
+    def __init__(
+        self, parameters: Mapping[str, Any] | None = None, engine: str = "BP5", direct_io: bool = True
+    ) -> None:
         _require_adios2()
         self.engine = engine
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
+        self.direct_io = bool(direct_io) and "DirectIO" not in self.parameters and ZERO_COPY in features()
+
+    def write_parameters(self, directory: Path) -> dict[str, str]:
+        """The engine parameters of a step written into ``directory`` (created if missing,
+        as BP5 would): :data:`DIRECT_PARAMETERS` added where ``direct_io`` holds (see the
+        class) and ``directory``'s file system takes ``O_DIRECT`` (a probe file, removed).
+        Not collective: every rank of a step gets the same answer from the same directory.
+        """
+        if not self.direct_io:
+            return self.parameters
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".direct-probe-{os.getpid()}"
+        descriptor = direct.open_direct(probe, os.O_WRONLY | os.O_CREAT)
+        try:
+            return {**self.parameters, **DIRECT_PARAMETERS} if descriptor >= 0 else self.parameters
+        finally:
+            if descriptor >= 0:
+                os.close(descriptor)
+            probe.unlink(missing_ok=True)
 
     def layout(
         self, records: Sequence[LeafRecord], start: ADIOS2Start | None = None
@@ -213,7 +247,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         # A data.bp/ recycled from a deleted step is written into: BP5 truncates and reuses
         # the files it writes again (far cheaper here than new files while old ones are
         # freed) and removes the others (tests/mpi/test_conformance.py checks both).
-        step = BP5Step(comm, root, self.engine, self.parameters)
+        step = BP5Step(comm, root, self.engine, self.write_parameters(directory))
         for data in blocks:
             if data.block.size:
                 record = data.record

@@ -1,0 +1,66 @@
+"""A step that ``make install``'s patched ADIOS2 wrote with ``DirectIO`` (a page-aligned
+array from its own memory, at a padded place of the data file) is a standard BP5 file:
+PyPI's adios2 wheel, built without hpckpt's patches, reads it in a fresh interpreter
+that never imports hpckpt."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from hpckpt.buffers.host import aligned_empty
+from hpckpt.storage import open_backend
+from tests.processes import run_group
+
+ADIOS2_WHEEL = "adios2==2.12.1.1001"  # PyPI's: serial, unpatched
+READ = """
+import ctypes, json, sys
+from pathlib import Path
+import numpy as np
+import adios2
+library = ctypes.CDLL(str(Path(adios2.__file__).parent / "libadios2_c.so"))
+listing = library.adios2_available_features
+listing.restype = None
+listing.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.POINTER(ctypes.c_char_p))]
+count, names = ctypes.c_size_t(), ctypes.POINTER(ctypes.c_char_p)()
+listing(ctypes.byref(count), ctypes.byref(names))
+found = {}
+with adios2.FileReader(sys.argv[1]) as reader:
+    for name in ("small", "field"):
+        variable = reader.inquire_variable(name)
+        found[name] = [list(variable.shape()), reader.read(name).tobytes().hex()[:64],
+                       int(np.frombuffer(reader.read(name).tobytes(), np.uint8).sum())]
+print(json.dumps({"mpi": adios2.is_built_with_mpi, "file": adios2.__file__, "read": found,
+                  "features": [names[i].decode() for i in range(count.value)]}))
+"""
+
+
+def test_a_direct_step_reads_with_an_unpatched_adios2(tmp_path):
+    from mpi4py import MPI
+
+    import hpckpt
+
+    target = tmp_path / "pypi-adios2"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                                str(target), ADIOS2_WHEEL], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    field = aligned_empty((1024, 1024), np.float64)  # 8 MiB, page-aligned: written from its own memory
+    field[:] = np.random.default_rng(3).standard_normal(field.shape)
+    state = {"small": hpckpt.Replicated(np.linspace(0.0, 1.0, 100)),
+             "field": hpckpt.Distributed(field, global_shape=field.shape, offset=(0, 0))}
+    assert open_backend("adios2").write_parameters(tmp_path)["DirectIO"] == "true"
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="adios2") as checkpointer:
+        checkpointer.save(1, state)
+    (data,) = (tmp_path / "run").glob("step-*/data.bp")
+    reader = run_group([sys.executable, "-c", READ, str(data)], timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(target)})  # ADIOS2 crashes without HOME
+    assert reader.returncode == 0, reader.stderr[-3000:]
+    report = json.loads(reader.stdout)
+    assert report["file"].startswith(str(target)) and report["mpi"] is False
+    assert not {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"} & set(report["features"])
+    for name, array in (("small", state["small"].array), ("field", field)):
+        shape, head, byte_sum = report["read"][name]
+        assert shape == list(array.shape) and head == array.tobytes().hex()[:64]
+        assert byte_sum == int(np.frombuffer(array.tobytes(), np.uint8).sum())

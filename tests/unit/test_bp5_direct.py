@@ -1,0 +1,88 @@
+"""The adios2 backend's direct writes: with an ADIOS2 that lists the feature
+``BP5_DIRECTIO_ZERO_COPY`` (``make install`` builds it with ``tools/adios2-patches``)
+a step is written with BP5's ``DirectIO``, a page-aligned array from its own memory at
+a page-aligned place of the data file (padded after a small array); with
+``direct_io=False``, a ``DirectIO`` of the user's, or a file system without
+``O_DIRECT``, through the page cache. Real BP5 files,
+one process (COMM_SELF)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpckpt.buffers.host import aligned_empty
+from hpckpt.model.manifest import Block, LeafRecord
+from hpckpt.storage import bp5, direct, open_backend
+from hpckpt.storage.adios2_c import features
+from hpckpt.storage.base import BlockData
+
+PAGE = direct.ALIGNMENT
+
+
+def test_make_installs_adios2_has_the_bp5_patches() -> None:
+    assert {"BP5_CONTIGUOUS_READ", bp5.ZERO_COPY} <= features(), sorted(features())
+
+
+def _save(directory: Path, array: np.ndarray, **options: object) -> bp5.ADIOS2Backend:
+    """Save 100 float64 (BP5 copies them at the Put), then ``array``; check both read back."""
+    from mpi4py import MPI
+
+    backend = open_backend("adios2", options)
+    arrays = {"small": np.linspace(0.0, 1.0, 100), "u": array}
+    records = [LeafRecord(path, "distributed", value.dtype.str, value.shape,
+                          (Block(0, (0,), value.shape, "0"),)) for path, value in arrays.items()]
+    placed = backend.layout(records)
+    blocks = [BlockData(record, record.blocks[0], arrays[record.path]) for record in placed]
+    backend.write(MPI.COMM_SELF, directory, placed, blocks)
+    for record in placed:
+        out = np.zeros_like(arrays[record.path])
+        backend.read(directory, [BlockData(record, record.blocks[0], out)])
+        assert np.array_equal(out, arrays[record.path])
+    return backend
+
+
+def _place_in_data_file(directory: Path, array: np.ndarray) -> int:
+    data = (directory / "data.bp" / "data.0").read_bytes()
+    place = data.find(array[:64].tobytes())
+    assert place >= 0 and data[place : place + array.nbytes] == array.tobytes()
+    return place
+
+
+def test_a_page_aligned_array_is_written_directly_at_a_page_of_the_data_file(tmp_path: Path) -> None:
+    probe = direct.open_direct(tmp_path / "probe", os.O_WRONLY | os.O_CREAT)
+    assert probe >= 0, f"{tmp_path} takes no O_DIRECT: this test needs a file system that does"
+    os.close(probe)
+    array = aligned_empty((1 << 20,), np.float64)  # 8 MiB, over BP5's MinDeferredSize
+    array[:] = np.random.default_rng(5).standard_normal(array.size)
+    (tmp_path / "direct").mkdir()
+    backend = _save(tmp_path / "direct", array)
+    assert backend.direct_io and backend.write_parameters(tmp_path)["DirectIO"] == "true"
+    assert _place_in_data_file(tmp_path / "direct", array) % PAGE == 0
+    assert not list((tmp_path / "direct").glob(".direct-probe-*"))  # the probe file is gone
+
+
+@pytest.mark.parametrize("options", [{"direct_io": False}, {"parameters": {"DirectIO": "false"}}],
+                         ids=["direct_io=False", "the user's DirectIO"])
+def test_direct_io_off_or_set_by_the_user_writes_through_the_page_cache(tmp_path: Path, options) -> None:
+    array = aligned_empty((1 << 20,), np.float64)
+    array[:] = np.arange(array.size) * 0.5
+    backend = _save(tmp_path, array, **options)
+    assert not backend.direct_io
+    assert backend.write_parameters(tmp_path).get("DirectIO", "false") == "false"
+    assert _place_in_data_file(tmp_path, array) % PAGE != 0  # right after the small array
+
+
+def test_a_file_system_without_o_direct_is_written_through_the_page_cache() -> None:
+    shm = Path("/dev/shm")
+    probe = direct.open_direct(shm / f"hpckpt-probe-{os.getpid()}", os.O_WRONLY | os.O_CREAT)
+    (shm / f"hpckpt-probe-{os.getpid()}").unlink(missing_ok=True)
+    backend = open_backend("adios2")
+    if probe >= 0:  # tmpfs takes O_DIRECT on Linux 6.6 and later
+        os.close(probe)
+        assert backend.write_parameters(shm)["DirectIO"] == "true"
+    else:
+        assert "DirectIO" not in backend.write_parameters(shm)
