@@ -23,7 +23,10 @@ ranks, pass ``{"NumAggregators": "<ranks per node or fewer>"}`` or
 ``StatsLevel=0``: BP5 keeps no min/max of each block (hpckpt's checksums cover the
 data); computing them cost a third of the CPU time of a 512 MiB save, which a
 non-blocking save takes from the application (pass ``{"StatsLevel": "1"}`` for tools
-that show them, such as ``bpls -l``).
+that show them, such as ``bpls -l``). With an ADIOS2 that has hpckpt's BP5 patches
+(``tools/adios2-patches``; ``make install`` builds it), steps are written with
+``DirectIO``: page-aligned arrays (the pack, a non-blocking save's snapshot) from their
+own memory, bypassing the page cache (see :class:`ADIOS2Backend`'s ``direct_io``).
 Reads open the step in random-access mode, each process alone, so a failing reader
 cannot hang its peers.
 """
