@@ -164,7 +164,8 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         _require_adios2()
         self.engine = engine
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
-        self.direct_io = bool(direct_io) and "DirectIO" not in self.parameters and ZERO_COPY in features()
+        chosen = any(key.lower() == "directio" for key in self.parameters)  # ADIOS2 ignores the case
+        self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in features()
 
     def write_parameters(self, directory: Path) -> dict[str, str]:
         """The engine parameters of a step written into ``directory`` (created if missing,

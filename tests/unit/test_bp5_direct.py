@@ -65,7 +65,7 @@ def test_a_page_aligned_array_is_written_directly_at_a_page_of_the_data_file(tmp
     assert not list((tmp_path / "direct").glob(".direct-probe-*"))  # the probe file is gone
 
 
-@pytest.mark.parametrize("options", [{"direct_io": False}, {"parameters": {"DirectIO": "false"}}],
+@pytest.mark.parametrize("options", [{"direct_io": False}, {"parameters": {"directio": "false"}}],
                          ids=["direct_io=False", "the user's DirectIO"])
 def test_direct_io_off_or_set_by_the_user_writes_through_the_page_cache(tmp_path: Path, options) -> None:
     array = aligned_empty((1 << 20,), np.float64)
