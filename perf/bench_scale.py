@@ -80,7 +80,7 @@ from hpckpt.model.delta import (
 from hpckpt.model.group_merge import check_groups, merge_group
 from hpckpt.model.layout import AgreedLayout, fill_checksums, merge_plans, records_by_rank
 from hpckpt.model.manifest import Block, LeafRecord, Manifest, Shard, shard_bounds, shard_json
-from hpckpt.model.plans import LeafPlan, RankPlan, pack_plan, plan_digests
+from hpckpt.model.plans import LeafPlan, RankPlan, pack_plan, plan_digests, writer_chunk
 from hpckpt.model.reads import BlockIndex, ReadRequest, manifest_part, shards_for
 from hpckpt.protocols.save.committing import own_report
 from hpckpt.protocols.save.request import SHARD_RANKS_ENV
@@ -134,7 +134,7 @@ def synthetic_plans(ranks: int, leaves: int, packed: bool = False) -> list[RankP
                                 (ranks * ROWS, 16), checksum))
         for leaf in range(arrays - arrays // 2):
             shared = f"{leaf:016x}"
-            chunk = ((0,), (16,)) if rank == 0 else None
+            chunk = ((0,), (16,)) if writer_chunk(f"weights/{leaf}", rank, ranks) == 0 else None
             own.append(LeafPlan(f"weights/{leaf}", "replicated", "<f4", (16,), chunk[0] if chunk else (),
                                 None, shared if chunk else "", chunk_checksums=(shared,)))
         plans.append(RankPlan(tuple(own), {"iteration": 10, "name": "run"}))

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._comm import arrival_group
 from ..checksum import text_checksum
 from .boxes import Box
 from .kinds import LeafKind
@@ -33,12 +34,15 @@ def writer_chunk(path: str, rank: int, size: int) -> int:
     """The row chunk (:func:`replicated_chunks`) of replicated leaf ``path`` that
     ``rank`` of ``size`` writes; a number past the leaf's chunks: none.
 
-    The chunks go round the ranks from a start that the path's CRC-32 picks, so that a
-    state of many small replicated arrays (a model's tensors and their optimizer
-    moments, one chunk each) is written by every rank, not all by rank 0. Pure: every
-    rank computes the same.
+    The chunks go round the ranks from a start that the path's CRC-32 picks among the
+    first arrival group's ranks (:func:`~hpckpt._comm.arrival_group`: ``ceil(sqrt(size))``
+    of them), so that a state of many small replicated arrays (a model's tensors and
+    their optimizer moments, one chunk each) is written by that many ranks, not all by
+    rank 0, and its blocks stay in rank 0's manifest shard, which every restore reads.
+    Pure: every rank computes the same.
     """
-    return (rank - zlib.crc32(path.encode()) % size) % size
+    start = zlib.crc32(path.encode()) % len(arrival_group(0, size))
+    return (rank - start) % size
 
 
 def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> list[Box]:
