@@ -49,7 +49,8 @@ _MODE_DEFERRED = 4
 _STEP_APPEND = 0
 _SIZES = ctypes.POINTER(ctypes.c_size_t)
 # the features that hpckpt's patches (tools/adios2-patches) add to adios2_available_features
-BP5_PATCHES = frozenset({"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"})
+CONTIGUOUS_READ, ZERO_COPY = "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"
+BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY})
 _library: Any = None
 
 

@@ -45,7 +45,7 @@ from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .adios2_c import BP5File, BP5Step, features
+from .adios2_c import ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 
 if TYPE_CHECKING:
@@ -61,7 +61,6 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "AggregationType": "EveryoneWrites",
     "StatsLevel": "0",
 }
-ZERO_COPY = "BP5_DIRECTIO_ZERO_COPY"  # the ADIOS2 feature that makes DirectIO worth it (see ADIOS2Backend)
 DIRECT_PARAMETERS = {"DirectIO": "true", "DirectIOAlignOffset": str(direct.ALIGNMENT),
                      "DirectIOAlignBuffer": str(direct.ALIGNMENT)}
 ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
@@ -135,9 +134,10 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         The ADIOS2 engine (default ``BP5``).
     direct_io
         Write with BP5's ``DirectIO`` where the loaded ADIOS2 writes page-aligned deferred
-        Puts from their own memory (it lists the feature :data:`ZERO_COPY`: the patch in
-        ``tools/adios2-patches`` that ``make install`` applies) and the step's file
-        system takes ``O_DIRECT`` (default); the pack, a non-blocking save's snapshot and
+        Puts from their own memory (it lists the feature
+        :data:`~hpckpt.storage.adios2_c.ZERO_COPY`: the patch in ``tools/adios2-patches``
+        that ``make install`` applies) and the step's file system takes ``O_DIRECT``
+        (default); the pack, a non-blocking save's snapshot and
         restored arrays are page-aligned, others are copied by BP5. An ADIOS2 without
         the feature (a site's module) copies every Put with ``DirectIO``, which measured
         slower than the page cache: it writes through the page cache. False: always
@@ -166,24 +166,28 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
         chosen = any(key.lower() == "directio" for key in self.parameters)  # ADIOS2 ignores the case
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in features()
+        self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
 
     def write_parameters(self, directory: Path) -> dict[str, str]:
         """The engine parameters of a step written into ``directory`` (created if missing,
         as BP5 would): :data:`DIRECT_PARAMETERS` added where ``direct_io`` holds (see the
-        class) and ``directory``'s file system takes ``O_DIRECT`` (a probe file, removed).
-        Not collective: every rank of a step gets the same answer from the same directory.
+        class) and ``directory``'s file system takes ``O_DIRECT`` (a probe file, removed;
+        once per run directory, ``directory``'s parent, not at every save). Not
+        collective: every rank of a step gets the same answer from the same directory.
         """
         if not self.direct_io:
             return self.parameters
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".direct-probe-{os.getpid()}"
-        descriptor = direct.open_direct(probe, os.O_WRONLY | os.O_CREAT)
-        try:
-            return {**self.parameters, **DIRECT_PARAMETERS} if descriptor >= 0 else self.parameters
-        finally:
-            if descriptor >= 0:
+        takes = self._takes_direct.get(directory.parent)
+        if takes is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / f".direct-probe-{os.getpid()}"
+            descriptor = direct.open_direct(probe, os.O_WRONLY | os.O_CREAT)
+            takes = descriptor >= 0
+            if takes:
                 os.close(descriptor)
             probe.unlink(missing_ok=True)
+            self._takes_direct[directory.parent] = takes
+        return {**self.parameters, **DIRECT_PARAMETERS} if takes else self.parameters
 
     def layout(
         self, records: Sequence[LeafRecord], start: ADIOS2Start | None = None

@@ -24,7 +24,7 @@ PAGE = direct.ALIGNMENT
 
 
 def test_make_installs_adios2_has_the_bp5_patches() -> None:
-    assert {"BP5_CONTIGUOUS_READ", bp5.ZERO_COPY} <= features(), sorted(features())
+    assert {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"} <= features(), sorted(features())
 
 
 def _save(directory: Path, array: np.ndarray, **options: object) -> bp5.ADIOS2Backend:
