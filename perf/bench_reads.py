@@ -15,8 +15,12 @@ beforehand:
   (:func:`~hpckpt.buffers.host.aligned_empty`);
 - ``direct+bounce``: ``O_DIRECT`` into two page-aligned 32 MiB bounce buffers, one read
   by a helper thread while the other is copied into the memory of ``buffered``;
-- ``hpckpt``: :meth:`hpckpt.storage.direct_read.BlockFile.read_into` into the memory of
-  ``buffered`` and, as ``hpckpt aligned``, of ``direct`` (the rule as implemented).
+- ``hpckpt``: :meth:`hpckpt.storage.direct_read.BlockFile.read_into` block by block into
+  the memory of ``buffered`` and, as ``hpckpt aligned``, of ``direct`` (the rule as
+  implemented for one block);
+- ``hpckpt runs``: :meth:`~hpckpt.storage.direct_read.BlockFile.read_segments`, all the
+  blocks at once into the memory of ``buffered`` (as a restore reads them: blocks that
+  lie together are read as one direct run through the bounce buffers).
 
 Medians of ``--repeat`` rounds (the ways interleaved in each, a different one first in
 each round), on the slowest rank, and
@@ -38,7 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpckpt.buffers.host import PAGE, aligned_empty
-from hpckpt.storage.direct_read import DIRECT_PIECE, BlockFile
+from hpckpt.storage.direct_read import DIRECT_PIECE, BlockFile, Segment
 
 from common import fresh_directory, fsync_tree, timed
 
@@ -119,12 +123,17 @@ def ways_for(path: Path, block: int, unaligned: np.ndarray, aligned: np.ndarray,
             for start in starts:
                 stored.read_into(target[start : start + block], start)
 
+    def runs(target: np.ndarray) -> None:
+        with BlockFile(path) as stored:
+            stored.read_segments([Segment(target[start : start + block], start) for start in starts])
+
     return {
         "buffered": buffered,
         "direct": lambda: direct(aligned, False),
         "direct+bounce": lambda: direct(unaligned, True),
         "hpckpt": lambda: hpckpt(unaligned),
         "hpckpt aligned": lambda: hpckpt(aligned),
+        "hpckpt runs": lambda: runs(unaligned),
     }
 
 

@@ -23,8 +23,9 @@ records the refusal, warns and tries the next older step, in one place
    its boxes (:mod:`.restore_reads`): with the same number of ranks, its own; on a
    different number, every stored block its new box touches (never the whole array).
 5. ``read``: each rank reads those whole blocks independently and checks their
-   checksums. If any block of a step fails, every rank warns and tries the next
-   older step.
+   checksums; meanwhile each replicated chunk is broadcast from the rank that reads
+   it as soon as it is read. If any block of a step fails, every rank warns and tries
+   the next older step.
 6. Only then are overlaps copied into place and plain values put into the tree.
 """
 

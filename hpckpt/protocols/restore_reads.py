@@ -13,12 +13,15 @@ stored block to read, of four kinds:
   read into a new array, which then replaces the leaf's.
 
 A replicated leaf is read in chunks, each by one rank, and broadcast to the others
-(:class:`ReadPlan.share_replicated`). Leaves on a device are read into pinned host
+(:func:`read_and_share`: each chunk as soon as its reader has it, while the reads go
+on). Leaves on a device are read into pinned host
 buffers and copied back once everything verified (:meth:`ReadPlan.copy_to_devices`).
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +37,7 @@ from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import Block, LeafRecord, Manifest
 from ..model.reads import Overlap, is_member, member_bytes, overlaps
 from ..storage import open_backend
-from ..storage.base import Backend, BlockData
+from ..storage.base import Backend, BlockData, Landed
 from ..storage.commit import RunDirectory
 from ..storage.verified import read_verified
 from .restore_target import RestoreTarget
@@ -152,13 +155,16 @@ class ResizedRead:
 
 @dataclass(frozen=True)
 class _Share:
-    """A replicated chunk that rank ``root`` read and broadcasts into ``destination[into]``."""
+    """A replicated chunk that rank ``root`` read (``piece``, on that rank; None elsewhere)
+    and broadcasts into ``destination[into]``.
+    """
 
     destination: np.ndarray
     into: tuple[slice, ...]
     root: int
     device: Any = None  # a device array that ``destination`` (host staging) is copied back into
     path: str = ""
+    piece: Piece | None = None
 
 
 class _PackReads:
@@ -209,13 +215,18 @@ class ReadPlan:
             piece.put_in_place()
         self.packs.give_back()
 
-    def share_replicated(self, comm: MPI.Comm) -> None:
-        """Broadcast each replicated chunk from the rank that read it. Collective over
-        ``comm``: every rank calls it, with plans of the same chunks.
+    def share_replicated(self, comm: MPI.Comm, arrived: Callable[[BlockData], None] | None = None) -> None:
+        """Broadcast each replicated chunk from the rank that read it, once ``arrived(its
+        read)`` returns on that rank (None: it was read before). Collective over ``comm``:
+        every rank calls it, with plans of the same chunks.
         """
         from mpi4py import MPI
 
         for share in self.shares:
+            if share.piece is not None:
+                if arrived is not None:
+                    arrived(share.piece.request)
+                share.piece.put_in_place()  # a chunk read into a buffer: copied into its leaf first
             region = share.destination[share.into + (Ellipsis,)]  # a view, a 0-d array's too
             contiguous = region if region.flags.c_contiguous else np.ascontiguousarray(region)
             comm.Bcast([contiguous.reshape(-1).view(np.uint8), MPI.BYTE], root=share.root)
@@ -262,13 +273,13 @@ def plan_reads(manifest: Manifest, target: RestoreTarget) -> ReadPlan:
         if isinstance(leaf, Distributed):
             pieces += _overlapping(record, overlaps(record, (leaf.offset, leaf.shape)), destination, device)
         elif isinstance(leaf, Replicated):
-            chunks = overlaps(record, ((0,) * len(leaf.shape), leaf.shape))
-            readers = [chunk.block.rank % target.size for chunk in chunks]
-            mine = [chunk for chunk, reader in zip(chunks, readers, strict=True) if reader == target.rank]
-            pieces += _overlapping(record, mine, destination, device)
-            if target.size > 1:
-                shares += [_Share(destination, chunk.into, reader, device, slot.path)
-                           for chunk, reader in zip(chunks, readers, strict=True)]
+            for chunk in overlaps(record, ((0,) * len(leaf.shape), leaf.shape)):
+                reader, read = chunk.block.rank % target.size, None
+                if reader == target.rank:
+                    read = _overlapping(record, [chunk], destination, device)[0]
+                    pieces.append(read)
+                if target.size > 1:
+                    shares.append(_Share(destination, chunk.into, reader, device, slot.path, read))
         else:
             owner = source if leaf.kind == LeafKind.LOCAL and source is not None else target.rank
             block = record.block_of(owner)
@@ -325,12 +336,13 @@ def _overlapping(
 
 
 def read_and_verify(
-    manifest: Manifest, configured: Backend, run_dir: RunDirectory, plan: ReadPlan, rank: int
+    manifest: Manifest, configured: Backend, run_dir: RunDirectory, plan: ReadPlan, rank: int,
+    landed: Landed | None = None,
 ) -> list[str]:
     """Read the planned blocks of ``manifest``'s step (with the backend its manifest
     names, ``configured`` or another) and check them; describe each block that fails
     verification, or why the step cannot be read (e.g. its backend is not installed).
-    Each rank, alone (the ``read`` phase merges the findings).
+    ``landed`` is told of the bytes as they arrive. Each rank, alone.
     """
     point("restore.read")
     step = manifest.step
@@ -339,6 +351,73 @@ def read_and_verify(
     except (ImportError, ValueError) as exc:
         return [f"rank {rank} cannot read {run_dir.step_path(step)}: {type(exc).__name__}: {exc}"]
     try:
-        return read_verified(backend, run_dir, step, plan.requests())
+        return read_verified(backend, run_dir, step, plan.requests(), landed)
     except CorruptCheckpointError as exc:
         return [f"rank {rank} {exc}"]
+
+
+def read_and_share(
+    manifest: Manifest, configured: Backend, run_dir: RunDirectory, plan: ReadPlan, comm: MPI.Comm
+) -> list[str]:
+    """:func:`read_and_verify` (the ``read`` phase merges its findings), and the
+    replicated chunks broadcast meanwhile: a helper thread reads while this one
+    broadcasts each chunk as soon as its reader has it, so that the broadcasts take no
+    time of their own beside the reads. Collective over ``comm``: the broadcasts all
+    happen, whatever the reads find or raise (an exception of the reads is raised
+    after them).
+    """
+    if not plan.shares:
+        return read_and_verify(manifest, configured, run_dir, plan, comm.rank)
+    arrivals = _Arrivals()
+    findings: list[str] = []
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            findings.extend(read_and_verify(manifest, configured, run_dir, plan, comm.rank, arrivals.landed))
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller's thread, after the broadcasts
+            failures.append(exc)
+        finally:
+            arrivals.finish()
+
+    reader = threading.Thread(target=read, name="hpckpt-restore-read", daemon=True)
+    reader.start()
+    try:
+        plan.share_replicated(comm, arrivals.wait)
+    finally:
+        reader.join()
+    if failures:
+        raise failures[0]
+    return findings
+
+
+class _Arrivals:
+    """The reads whose bytes are all in place, for a thread that waits for one: told by
+    a backend's ``landed`` reports, and :meth:`finish` once the reads are over (a read
+    that failed, or was never reported whole, is waited for no longer). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._whole: set[int] = set()
+        self._over = False
+        self._changed = threading.Condition()
+
+    def landed(self, request: BlockData, end: int) -> None:
+        """The first ``end`` bytes of ``request.array`` are in place."""
+        if end >= request.array.nbytes:
+            with self._changed:
+                self._whole.add(id(request))
+                self._changed.notify_all()
+
+    def finish(self) -> None:
+        """The reads are over."""
+        with self._changed:
+            self._over = True
+            self._changed.notify_all()
+
+    def wait(self, request: BlockData) -> None:
+        """Return once ``request`` is whole (at once for an empty one), or the reads are over."""
+        if request.array.nbytes == 0 or request.block.size == 0:
+            return
+        with self._changed:
+            self._changed.wait_for(lambda: self._over or id(request) in self._whole)

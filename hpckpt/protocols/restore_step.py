@@ -7,8 +7,8 @@ on every rank alike, before any leaf is touched:
 ``manifest`` (rank 0 reads it), ``requests`` and ``parts`` (each rank gets its part;
 ``shards`` when sharded), ``match`` (the tree against the step), ``files`` (their
 committed sizes and checksums), ``plan`` (the blocks to read), ``read`` (read and
-verified); then the pieces go into place, ``share replicated`` broadcasts replicated
-chunks, device leaves get their bytes and plain values are put into the tree.
+verified, replicated chunks broadcast from their readers meanwhile); then the pieces go
+into place, device leaves get their bytes and plain values are put into the tree.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..storage.base import Backend
 from ..storage.commit import RunDirectory
 from .restore_checks import StepNotMatchingError, differences, refuse_on
 from .restore_manifest import WholeManifest, open_manifest
-from .restore_reads import ReadPlan, plan_reads, read_and_verify
+from .restore_reads import ReadPlan, plan_reads, read_and_share
 from .restore_target import RestoreTarget
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class StepAttempt:
                          lambda: plan_reads(manifest, self.target))
         refuse_on(self.step, merged_phase(
             self.comm, f"restore step {self.step}: read",
-            lambda: read_and_verify(manifest, self.backend, self.run_dir, plan, self.comm.rank),
+            lambda: read_and_share(manifest, self.backend, self.run_dir, plan, self.comm),
         ))
         self._fill(manifest, plan)
         self.whole = source.top if isinstance(source, WholeManifest) else None
@@ -85,13 +85,8 @@ class StepAttempt:
             raise StepNotMatchingError(self.step, str(self.run_dir.manifest_path(self.step)), found)
 
     def _fill(self, manifest: Manifest, plan: ReadPlan) -> None:
-        """Put the verified blocks and the plain values into the tree. Collective over
-        ``comm`` when the step has replicated chunks to share.
-        """
+        """Put the verified blocks and the plain values into the tree. This rank alone."""
         plan.put_in_place()
-        if plan.shares:
-            run_phase(self.comm, f"restore step {self.step}: share replicated",
-                      lambda: plan.share_replicated(self.comm))
         plan.copy_to_devices()
         for slot in self.target.slots:
             if slot.path in manifest.values:

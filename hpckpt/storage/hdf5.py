@@ -35,10 +35,15 @@ contiguous) is written over in place at the same offsets: no blocks are freed an
 allocated again. Any other file is truncated and created anew. h5py need not be built
 with MPI: no HDF5 call is collective.
 
-Restore opens the file with HDF5's default driver (independent, so a rank that fails
-while reading cannot leave the others waiting in a collective call) to check each
-dataset, and reads a contiguous dataset's bytes with ``preadv`` at its offset, whole
-pages of large blocks directly (:mod:`hpckpt.storage.direct_read`).
+Rank 0 also keeps each dataset's file offset in the root attributes ``hpckpt_offsets_N``
+(:func:`~hpckpt.storage.hdf5_files.write_offsets`). Restore opens the file with HDF5's
+default driver (independent, so a rank that fails while reading cannot leave the others
+waiting in a collective call), finds each dataset of the global shape at its listed
+offset (opening and checking a dataset cost 0.1 ms each, 30 ms for a model's 300
+tensors, before the first byte was read) or, where the table has no usable entry (older
+files, damage), opens and checks the dataset, and reads the contiguous datasets' bytes
+with ``preadv`` at their offsets, all together: whole pages of large blocks, and runs of
+blocks that lie together, directly (:mod:`hpckpt.storage.direct_read`).
 """
 
 from __future__ import annotations
@@ -58,10 +63,11 @@ from ..model.kinds import LeafKind
 from ..model.manifest import LeafRecord
 from . import direct
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
-from .direct_read import BlockFile
+from .direct_read import BlockFile, Segment
 from .hdf5_files import (
     StoredBox,
     attach_dimension_scales,
+    box_segments,
     check_dataset,
     concatenated_extent,
     file_pieces,
@@ -69,8 +75,9 @@ from .hdf5_files import (
     new_dataset,
     open_dataset,
     read_box,
-    read_runs,
     set_value_attributes,
+    stored_offsets,
+    write_offsets,
 )
 from .hdf5_layout import (
     FILE_NAME,
@@ -258,9 +265,11 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
                        for record in sorted(records, key=_first_writer)}
             attach_dimension_scales(h5, records, annotations.dims)
             set_value_attributes(h5, annotations.values)
+            offsets = {name: dataset_id.get_offset() for name, dataset_id in created.items()}
+            write_offsets(h5, offsets)
             # a recycled copy of the file may be written in place
             h5.attrs[LAYOUT_ATTRIBUTE] = digest
-            return {name: dataset_id.get_offset() for name, dataset_id in created.items()}
+            return offsets
 
     def _recycled_offsets(
         self, path: Path, digest: str, records: Sequence[LeafRecord], values: Mapping[str, Any]
@@ -305,7 +314,14 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         path = directory / FILE_NAME
         file_size = path.stat().st_size
         with BlockFile(path, self.direct_io) as source, self._h5py.File(path, "r") as h5:
+            offsets = stored_offsets(h5, file_size)
+            segments: list[Segment] = []  # the contiguous datasets' bytes, read together
             for request in requests:
+                progress = None if landed is None else partial(landed, request)
+                box = _listed_box(offsets, request, file_size)
+                if box is not None:
+                    segments += box_segments(box, request.array, progress)
+                    continue
                 record, block = request.record, request.block
                 name = dataset_name(record, block)
                 dataset_id = open_dataset(h5, name)
@@ -318,8 +334,24 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
                     if landed is not None:
                         landed(request, request.array.nbytes)
                     continue
-                progress = None if landed is None else partial(landed, request)
-                read_runs(source, StoredBox(dataset_offset, expected, offset), out, progress)
+                segments += box_segments(StoredBox(dataset_offset, expected, offset), out, progress)
+            source.read_segments(segments)
+
+
+def _listed_box(offsets: dict[str, int | None], request: BlockData, file_size: int) -> StoredBox | None:
+    """Where ``request``'s block lies, by the file's offsets table
+    (:func:`~hpckpt.storage.hdf5_files.stored_offsets`): a box of its leaf's dataset of
+    the global shape, listed at an offset that leaves the whole dataset inside the file;
+    else None (the dataset is opened and checked instead).
+    """
+    record, block = request.record, request.block
+    if stored_layout(record, block) is not HDF5Layout.WHOLE_ARRAY or record.global_shape is None:
+        return None
+    offset = offsets.get(dataset_path(record))
+    size = math.prod(record.whole_shape) * np.dtype(record.dtype).itemsize
+    if offset is None or offset + size > file_size:
+        return None
+    return StoredBox(offset, tuple(record.whole_shape), tuple(block.offset))
 
 
 def _selection(

@@ -47,7 +47,7 @@ from ..model.manifest import Block, LeafRecord
 from ..model.records import encoded_location
 from . import codec, direct
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, Encoded, GroupLayout, Landed
-from .direct_read import BlockFile
+from .direct_read import BlockFile, Segment
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -327,10 +327,12 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
 
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` from its file and offset, reporting its bytes to
-        ``landed`` as they arrive (:class:`~hpckpt.storage.direct_read.BlockFile`: whole
-        pages of large blocks read directly unless ``direct_io=False``). Independent.
+        ``landed`` as they arrive (:meth:`~hpckpt.storage.direct_read.BlockFile.read_segments`:
+        whole pages of large blocks, and runs of smaller ones, read directly unless
+        ``direct_io=False``). Independent.
         """
         files: dict[str, BlockFile] = {}
+        plain: dict[str, list[Segment]] = {}  # each file's uncompressed blocks, read together
         try:
             for request in requests:
                 name = request.block.location["file"]
@@ -339,7 +341,7 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                 source, offset = files[name], request.block.location["offset"]
                 if request.block.codec is None:
                     progress = None if landed is None else partial(landed, request)
-                    source.read_into(request.array, offset, progress)
+                    plain.setdefault(name, []).append(Segment(request.array, offset, progress))
                     continue
                 stored = np.empty(int(request.block.stored_bytes or 0), dtype=np.uint8)
                 source.read_into(stored, offset)
@@ -352,6 +354,8 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                     ) from exc
                 if landed is not None:
                     landed(request, request.array.nbytes)
+            for name, segments in plain.items():
+                files[name].read_segments(segments)
         finally:
             for source in files.values():
                 source.close()

@@ -19,15 +19,17 @@ from ..checksum import ALGORITHM, block_checksum
 from ..errors import CorruptCheckpointError
 from ..model.delta import home_step
 from ..model.manifest import stored_file
-from .base import Backend, BlockData
+from .base import Backend, BlockData, Landed
 from .commit import RunDirectory
 
 
 def read_verified(
-    backend: Backend, run_dir: RunDirectory, step: int, requests: Sequence[BlockData]
+    backend: Backend, run_dir: RunDirectory, step: int, requests: Sequence[BlockData],
+    landed: Landed | None = None,
 ) -> list[str]:
     """Fill each request's ``array`` with its block of ``step`` (read from the step that
-    holds its bytes, for an incremental step) and check its checksum.
+    holds its bytes, for an incremental step) and check its checksum; ``landed(request,
+    bytes in place)`` is told of the bytes as they arrive, as the backend reports them.
 
     Returns each block whose checksum differs, naming leaf, writer rank and file (empty
     when every block verifies).
@@ -42,7 +44,7 @@ def read_verified(
     for request in requests:
         if request.block.size:
             by_home.setdefault(home_step(request.block, step), []).append(request)
-    with StreamingChecksums() as streamed:
+    with StreamingChecksums(landed) as streamed:
         for home, group in sorted(by_home.items()):
             directory = run_dir.step_path(home)
             try:
@@ -66,14 +68,15 @@ def read_verified(
 
 class StreamingChecksums:
     """Checksums of blocks as they are read: :meth:`landed` (a backend's ``landed``
-    callback) queues the newly read bytes of a block for a helper thread, which hashes
-    each block's bytes in order (``xxh3_64`` streamed: the same digest as
+    callback, passed on to ``also``) queues the newly read bytes of a block for a helper
+    thread, which hashes each block's bytes in order (``xxh3_64`` streamed: the same digest as
     :func:`~hpckpt.checksum.block_checksum`). Use it as a context manager; after it,
     :meth:`digest` gives each block's checksum, computed now for any block never
     reported whole (a backend that failed, or reads out of order). Not collective.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, also: Landed | None = None) -> None:
+        self._also = also  # told of each report too, after it is queued
         self._queue: SimpleQueue[tuple[BlockData, int] | None] = SimpleQueue()
         self._states: dict[int, tuple[BlockData, xxhash.xxh3_64, int]] = {}
         self._thread = threading.Thread(target=self._hash, name="hpckpt-verify", daemon=True)
@@ -91,6 +94,8 @@ class StreamingChecksums:
     def landed(self, request: BlockData, end: int) -> None:
         """The first ``end`` bytes of ``request.array`` are in place."""
         self._queue.put((request, end))
+        if self._also is not None:
+            self._also(request, end)
 
     def digest(self, request: BlockData) -> str:
         """The checksum of ``request.array`` (after the reads)."""

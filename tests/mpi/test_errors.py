@@ -51,13 +51,27 @@ def test_injected_failure_of_rank_0_in_commit_keeps_the_previous_step(world, mpi
         assert checkpointer.restore(state) == 1 and state["it"] == 1.0
 
 
-def test_failure_while_reading_on_one_rank(world, mpi_tmp_path, monkeypatch):
+def replicated_state(comm, value: float) -> dict:
+    """A field and replicated arrays, which a restore reads in chunks and broadcasts while it reads."""
+    state = field_state(comm, value)
+    state["weights"] = [hpckpt.Replicated(np.full((64, 5 + index), value + index)) for index in range(6)]
+    return state
+
+
+@pytest.mark.parametrize("make_state", [field_state, replicated_state], ids=["field", "replicated"])
+def test_failure_while_reading_on_one_rank(world, mpi_tmp_path, monkeypatch, make_state):
     with hpckpt.Checkpointer(mpi_tmp_path / "read", comm=world) as checkpointer:
-        checkpointer.save(1, field_state(world, 1.0))
+        checkpointer.save(1, make_state(world, 1.0))
         monkeypatch.setenv(FAULT_ENV, "restore.read:1:raise")
         with pytest.raises(hpckpt.CollectiveError) as info:
-            checkpointer.restore(field_state(world, 0.0))
+            checkpointer.restore(make_state(world, 0.0))
         assert info.value.phase == "restore step 1: read" and list(info.value.failures) == [1]
+        assert "InjectedFault: injected fault at restore.read on rank 1" in info.value.failures[1]
+        monkeypatch.delenv(FAULT_ENV)
+        state = make_state(world, 0.0)
+        assert checkpointer.restore(state) == 1
+        assert all(np.array_equal(leaf.array, np.full_like(leaf.array, 1.0 + index))
+                   for index, leaf in enumerate(state.get("weights", [])))
 
 
 def test_different_steps_on_different_ranks(world, mpi_tmp_path):
@@ -142,3 +156,22 @@ def test_corrupt_manifest_and_no_good_step(world, mpi_tmp_path):
                 hpckpt.CorruptCheckpointError, match=r"no committed step in .* could be restored"
             ):
                 checkpointer.restore(field_state(world, 0.0))
+
+
+def test_a_damaged_replicated_chunk_makes_every_rank_fall_back(world, mpi_tmp_path):
+    """Rank 1's data file of step 2 damaged: the replicated chunks it reads (and broadcasts
+    while reading) fail their checksums on rank 1, and every rank restores step 1."""
+    run_dir = mpi_tmp_path / "chunk"
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
+        checkpointer.save(1, replicated_state(world, 1.0))
+        checkpointer.save(2, replicated_state(world, 2.0))
+    data = run_dir / "step-00000002" / "data-00001.bin"
+    if world.rank == 0:
+        data.write_bytes(bytes(byte ^ 0xFF for byte in data.read_bytes()))
+    world.Barrier()
+    state = replicated_state(world, 0.0)
+    with fallback_warning(world, match=r"step 2 .*leaf 'weights/\d', block of rank 1 .*checksum"):
+        with hpckpt.Checkpointer(run_dir, comm=world, backend="posix") as checkpointer:
+            assert checkpointer.restore(state) == 1
+    for index, leaf in enumerate(state["weights"]):
+        assert np.array_equal(leaf.array, np.full_like(leaf.array, 1.0 + index)), index

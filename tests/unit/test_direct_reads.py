@@ -2,7 +2,8 @@
 into page-aligned memory, through bounce buffers into other memory), everything else
 through the page cache; the bytes are exactly the file's, on the repository's file
 system, on tmpfs and on a ramfs (which refuses direct I/O); progress reaches the length;
-a short file says where it ends; the posix and hdf5 backends read both ways."""
+a short file says where it ends; many blocks that lie together are read as one direct
+run and scattered into place; the posix and hdf5 backends read both ways."""
 
 from __future__ import annotations
 
@@ -18,7 +19,14 @@ from hpckpt.buffers.host import PAGE, aligned_empty
 from hpckpt.model.manifest import Block, LeafRecord
 from hpckpt.storage import open_backend
 from hpckpt.storage.base import BlockData
-from hpckpt.storage.direct_read import BOUNCED_READ_MIN, DIRECT_READ_MIN, BlockFile
+from hpckpt.storage.direct_read import (
+    BOUNCED_READ_MIN,
+    DIRECT_READ_MIN,
+    RUN_GAP,
+    RUN_MIN,
+    BlockFile,
+    Segment,
+)
 
 LARGE = DIRECT_READ_MIN + 3 * PAGE + 777  # read directly where its memory allows; unaligned length
 HUGE = BOUNCED_READ_MIN + PAGE + 99  # read directly into any memory
@@ -138,6 +146,86 @@ def test_a_direct_read_sees_bytes_a_writer_left_in_the_page_cache(tmp_path: Path
     out = aligned_empty((LARGE,), np.uint8)
     _, read_directly = _read(path, out, 0)
     assert read_directly > 0 and np.array_equal(out, changed)
+
+
+def _tensors(offsets_and_sizes: list[tuple[int, int]], past_page: int = 64) -> list[np.ndarray]:
+    """Memory for blocks of the given sizes, each ``past_page`` bytes past a page (as torch's tensors)."""
+    return [_memory(size, past_page) for _, size in offsets_and_sizes]
+
+
+def _laid_out(sizes: list[int], gaps: list[int], start: int) -> list[tuple[int, int]]:
+    """(offset, size) of blocks one after another from ``start``, ``gaps[i]`` bytes before block i."""
+    placed, offset = [], start
+    for size, gap in zip(sizes, gaps, strict=True):
+        offset += gap
+        placed.append((offset, size))
+        offset += size
+    return placed
+
+
+def _read_segments(path: Path, placed: list[tuple[int, int]], outs: list[np.ndarray],
+                   direct: bool = True) -> tuple[list[list[int]], int]:
+    reports: list[list[int]] = [[] for _ in outs]
+    segments = [Segment(out, offset, reports[index].append)
+                for index, ((offset, _), out) in enumerate(zip(placed, outs, strict=True))]
+    with BlockFile(path, direct) as source:
+        source.read_segments(segments[::-1])  # any order: read in the file's
+        return reports, source.direct_bytes
+
+
+def test_many_blocks_together_are_read_as_one_direct_run_into_any_memory(place: Path) -> None:
+    rng = np.random.default_rng(5)
+    sizes = [int(size) for size in rng.integers(1, 6 << 20, size=60)] + [4096, 1, 13 << 20]
+    gaps = [int(gap) for gap in rng.choice([0, 0, 8, PAGE - 3, 3 * PAGE], size=len(sizes))]
+    placed = _laid_out(sizes, gaps, start=777)
+    assert placed[-1][0] + sizes[-1] - placed[0][0] >= RUN_MIN  # the premise: one run
+    path, data = _stored(place, placed[-1][0] + sizes[-1] + 5)
+    for direct in (True, False):
+        outs = _tensors(placed)
+        reports, read_directly = _read_segments(path, placed, outs, direct)
+        for (offset, size), out, reported in zip(placed, outs, reports, strict=True):
+            assert np.array_equal(out, data[offset : offset + size])
+            assert reported == sorted(reported) and reported[-1] == size
+        span = placed[-1][0] + sizes[-1] - placed[0][0]
+        assert read_directly >= span - 2 * PAGE if direct else read_directly == 0  # the run's pages
+
+
+def test_runs_split_at_wide_gaps_and_around_blocks_read_in_place(tmp_path: Path) -> None:
+    small = [RUN_MIN // 4 - 1] * 4  # a run under RUN_MIN: read block by block, buffered
+    big = [RUN_MIN // 4] * 8  # a run of twice RUN_MIN: read directly
+    sizes = small + [LARGE] + big
+    gaps = [0] * 4 + [0] + [RUN_GAP + 1] + [0] * 7
+    placed = _laid_out(sizes, gaps, start=0)
+    path, data = _stored(tmp_path, placed[-1][0] + sizes[-1])
+    outs = _tensors(placed)
+    outs[4] = _memory(LARGE, placed[4][0] % PAGE)  # read in place: its pages land page-aligned
+    reports, read_directly = _read_segments(path, placed, outs)
+    for (offset, size), out, reported in zip(placed, outs, reports, strict=True):
+        assert np.array_equal(out, data[offset : offset + size]) and reported[-1] == size
+    in_place = (placed[4][0] + LARGE) // PAGE * PAGE - (-(-placed[4][0] // PAGE) * PAGE)
+    run_start, run_end = placed[5][0], placed[-1][0] + sizes[-1]  # the file ends with the run
+    run_pages = run_end // PAGE * PAGE - run_start // PAGE * PAGE
+    assert read_directly == in_place + run_pages  # the small run read buffered
+
+
+def test_a_run_whose_file_ends_early_says_where(tmp_path: Path) -> None:
+    sizes = [BOUNCED_READ_MIN // 16] * 17
+    placed = _laid_out(sizes, [0] * 17, start=0)
+    end = placed[-1][0] + sizes[-1]
+    path, _ = _stored(tmp_path, end - PAGE - 1)
+    with pytest.raises(OSError, match=f"{path} ends at byte {end - PAGE - 1}, expected {PAGE + 1} more"):
+        _read_segments(path, placed, _tensors(placed))
+
+
+def test_a_run_on_a_file_system_refusing_direct_io_is_read_through_the_page_cache(ramfs: Path) -> None:
+    sizes = [BOUNCED_READ_MIN // 16 + 5] * 17
+    placed = _laid_out(sizes, [3] * 17, start=0)
+    path, data = _stored(ramfs, placed[-1][0] + sizes[-1])
+    outs = _tensors(placed)
+    reports, read_directly = _read_segments(path, placed, outs)
+    assert read_directly == 0
+    for (offset, size), out, reported in zip(placed, outs, reports, strict=True):
+        assert np.array_equal(out, data[offset : offset + size]) and reported[-1] == size
 
 
 def test_only_c_contiguous_arrays_are_filled(tmp_path: Path) -> None:

@@ -200,3 +200,78 @@ def test_the_stored_layout_of_each_writers_blocks_is_told_by_their_location() ->
         assert stored_layout(record, record.blocks[-1]) is HDF5Layout.DATASET_PER_RANK
     assert dataset_name(older_local, older_local.blocks[1]) == "/rng/rank-00001"
     assert dataset_name(older_partial, older_partial.blocks[0]) == "/u/rank-00001"
+
+
+def _offsets_table(path: Path) -> bytes:
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        names = sorted(name for name in h5.attrs if name.startswith("hpckpt_offsets_"))
+        return b"".join(bytes(h5.attrs[name]) for name in names)
+
+
+def test_the_offsets_table_lists_each_datasets_storage_and_a_damaged_one_is_passed_over(
+    tmp_path: Path,
+) -> None:
+    """A restore finds a dataset's bytes by the root's offsets table; a table that is
+    damaged, or lists an offset past the file, makes it open and check the dataset instead."""
+    import json
+
+    import h5py
+
+    backend, whole, placed = _stored_array(tmp_path)
+    path = tmp_path / "data.h5"
+    table = json.loads(_offsets_table(path))
+    with h5py.File(path, "r") as h5:
+        assert table == {"/u": h5["u"].id.get_offset()}
+    for damage in (b'{"/u": 8', json.dumps({"/u": path.stat().st_size}).encode(), b"[1, 2]"):
+        with h5py.File(path, "r+") as h5:
+            h5.attrs["hpckpt_offsets_0"] = np.bytes_(damage)
+        out = np.zeros(SHAPE)
+        backend.read(tmp_path, [BlockData(placed, placed.blocks[0], out)])
+        assert np.array_equal(out, whole), damage
+
+
+def test_a_wrong_offset_in_the_table_reads_other_bytes_which_the_checksum_refuses(tmp_path: Path) -> None:
+    import h5py
+
+    from hpckpt.checksum import block_checksum
+    from hpckpt.storage.commit import RunDirectory
+    from hpckpt.storage.verified import read_verified
+
+    run_dir = RunDirectory(tmp_path)
+    step = run_dir.step_path(1)
+    step.mkdir(parents=True)
+    backend, whole, placed = _stored_array(step)
+    block = replace(placed.blocks[0], checksum=block_checksum(whole))
+    record = replace(placed, blocks=(block,))
+    with h5py.File(step / "data.h5", "r+") as h5:
+        h5.attrs["hpckpt_offsets_0"] = np.bytes_(b'{"/u": 0}')  # the file's first bytes: its superblock
+    out = np.zeros(SHAPE)
+    findings = read_verified(backend, run_dir, 1, [BlockData(record, block, out)])
+    assert len(findings) == 1 and "leaf 'u', block of rank 0" in findings[0] and "checksum" in findings[0]
+
+
+def test_a_model_of_many_datasets_keeps_its_offsets_table_in_pieces(tmp_path: Path) -> None:
+    """More datasets than one attribute's 64 KiB holds: the table spans several attributes."""
+    import json
+
+    import h5py
+    from mpi4py import MPI
+
+    from hpckpt.storage.hdf5_files import OFFSETS_PIECE
+
+    records = [LeafRecord(f"layer{index:04d}/weight-with-a-long-name", "replicated", "<f4", (3,),
+                          (Block(0, (0,), (3,), "0"),)) for index in range(1500)]
+    backend = open_backend("hdf5")
+    placed = backend.layout(records)
+    arrays = [np.full(3, index, dtype="<f4") for index in range(len(placed))]
+    backend.write(MPI.COMM_SELF, tmp_path, placed,
+                  [BlockData(record, record.blocks[0], array) for record, array in zip(placed, arrays)])
+    text = _offsets_table(tmp_path / "data.h5")
+    assert len(text) > OFFSETS_PIECE
+    with h5py.File(tmp_path / "data.h5", "r") as h5:
+        assert json.loads(text) == {name: h5[name].id.get_offset() for name in json.loads(text)}
+    outs = [np.zeros(3, dtype="<f4") for _ in placed]
+    backend.read(tmp_path, [BlockData(record, record.blocks[0], out) for record, out in zip(placed, outs)])
+    assert all(np.array_equal(out, array) for out, array in zip(outs, arrays))
