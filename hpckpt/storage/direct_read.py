@@ -34,8 +34,8 @@ the rule, for each block read:
 - the whole pages (:data:`~hpckpt.storage.direct.ALIGNMENT` bytes at file offsets that are multiples of it)
   of a larger block are read directly when its memory is page-aligned where they go
   (:func:`~hpckpt.buffers.host.aligned_empty` memory, at a page-aligned offset), in
-  pieces of :data:`DIRECT_PIECE` bytes; the unaligned head and tail through the page
-  cache;
+  pieces of 10/11 of what is left of the block (:data:`IN_PLACE_SHARE`); the unaligned
+  head and tail through the page cache;
 - in other memory, the whole pages of a block of at least :data:`BOUNCED_READ_MIN`
   are read directly into two page-aligned bounce buffers of :data:`DIRECT_PIECE`, a
   helper thread reading one while the caller copies the other into place (smaller
@@ -83,6 +83,13 @@ BOUNCED_READ_MIN = 128 << 20  # smaller blocks in memory not page-aligned are re
 # read's piece: a direct read needs no readahead to keep the disk busy, and the last
 # piece's checksum, which no read overlaps, is shorter.
 DIRECT_PIECE = 32 << 20
+# A block read directly into place goes in pieces of 10/11 of what is left of it (at most
+# 1 GiB, at least 1 MiB): each piece's checksum (xxh3, 17-19 GB/s here) is computed while
+# the next, 11 times shorter, is read (1.6 GB/s per rank), so that only the last MiB's is
+# not hidden, and the first pieces are long, as one read of the whole block is: 0.966 of
+# one 512 MiB O_DIRECT read, against 0.950 in pieces of DIRECT_PIECE.
+IN_PLACE_SHARE = (10, 11)
+IN_PLACE_PIECE_MIN, IN_PLACE_PIECE_MAX = 1 << 20, 1 << 30
 _DIRECT = getattr(os, "O_DIRECT", 0)
 
 RUN_MIN = 16 << 20  # a shorter run of blocks is read block by block
@@ -154,9 +161,10 @@ class BlockFile:
     ) -> None:
         """Fill C-contiguous ``array`` from byte ``offset``, calling ``progress(bytes in
         place)`` after each piece (the bytes before that count are in place; a piece is at
-        most :data:`~hpckpt.storage.positioned.READ_PIECE` bytes, :data:`DIRECT_PIECE` read
-        directly). Whole pages of a large block are read directly (see the module), the
-        rest through the page cache. A file that ends early raises ``OSError`` saying where.
+        most :data:`~hpckpt.storage.positioned.READ_PIECE` bytes, read through the page
+        cache, :data:`DIRECT_PIECE` through the bounce buffers, 1 GiB directly in place).
+        Whole pages of a large block are read directly (see the module), the rest through
+        the page cache. A file that ends early raises ``OSError`` saying where.
         """
         if not array.flags.c_contiguous:
             raise ValueError("positioned reads fill only C-contiguous arrays")
@@ -251,7 +259,7 @@ class BlockFile:
         """
         done = 0
         while done < len(flat):
-            want = min(DIRECT_PIECE, len(flat) - done)
+            want = _in_place_piece(len(flat) - done)
             count = self._pread_direct(flat[done : done + want], offset + done)
             done += count
             if count and progress is not None:
@@ -382,3 +390,12 @@ def _finish(descriptor: int, path: Path, segment: Segment, done: int) -> None:
             segment.progress(done + count)
 
     read_into(descriptor, _bytes_of(segment.memory)[done:], segment.offset + done, path, moved)
+
+
+def _in_place_piece(remaining: int) -> int:
+    """The bytes of the next direct read into place, with ``remaining`` bytes of the block
+    left (see :data:`IN_PLACE_SHARE`): whole pages, but for the block's last piece.
+    """
+    share, whole = IN_PLACE_SHARE
+    piece = remaining * share // whole // ALIGNMENT * ALIGNMENT
+    return min(remaining, IN_PLACE_PIECE_MAX, max(IN_PLACE_PIECE_MIN, piece))
