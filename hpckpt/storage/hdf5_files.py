@@ -67,7 +67,7 @@ def stored_offsets(h5: Any, file_size: int) -> dict[str, int | None]:
             attribute.read(text)
             pieces.append(bytes(text[()]))
         table = json.loads(b"".join(pieces)) if pieces else {}
-    except (OSError, KeyError, ValueError, TypeError):  # damaged: every dataset is opened instead
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError):  # damaged: each dataset is opened
         return {}
     if not isinstance(table, dict):
         return {}
