@@ -50,7 +50,8 @@ _STEP_APPEND = 0
 _SIZES = ctypes.POINTER(ctypes.c_size_t)
 # the features that hpckpt's patches (tools/adios2-patches) add to adios2_available_features
 CONTIGUOUS_READ, ZERO_COPY = "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"
-BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY})
+IN_PLACE_WRITE = "BP5_IN_PLACE_WRITE"
+BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE})
 _library: Any = None
 
 
@@ -112,8 +113,9 @@ def _load() -> Any:
 def features() -> frozenset[str]:
     """The names the loaded ADIOS2 lists in ``adios2_available_features``: its optional
     parts and, in a build with hpckpt's BP5 patches
-    (``tools/adios2-patches``, which ``make install`` applies), ``"BP5_CONTIGUOUS_READ"``
-    and ``"BP5_DIRECTIO_ZERO_COPY"``. Empty for an ADIOS2 without the list.
+    (``tools/adios2-patches``, which ``make install`` applies), ``"BP5_CONTIGUOUS_READ"``,
+    ``"BP5_DIRECTIO_ZERO_COPY"`` and ``"BP5_IN_PLACE_WRITE"``. Empty for an ADIOS2
+    without the list.
     """
     listing = _load().adios2_available_features
     if listing is None:

@@ -45,7 +45,7 @@ from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .adios2_c import ZERO_COPY, BP5File, BP5Step, features
+from .adios2_c import IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 
 if TYPE_CHECKING:
@@ -63,6 +63,9 @@ DEFAULT_PARAMETERS: dict[str, str] = {
 }
 DIRECT_PARAMETERS = {"DirectIO": "true", "DirectIOAlignOffset": str(direct.ALIGNMENT),
                      "DirectIOAlignBuffer": str(direct.ALIGNMENT)}
+# With the feature IN_PLACE_WRITE: the data files of a recycled data.bp/ are written over
+# in place and cut to size at close, instead of truncated at open and allocated again.
+IN_PLACE_PARAMETERS = {"TruncateDataFiles": "false"}
 ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
 ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
 _NATIVE_TYPES = {
@@ -145,7 +148,10 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
 
     Laid out in groups: a group's Local blocks are numbered after the earlier groups'
     (:meth:`group_starts`). Writes in place (a recycled ``data.bp/`` is written into, see
-    :meth:`write`) and collectively (the aggregators gather the other ranks' data and
+    :meth:`write`; where the loaded ADIOS2 lists the feature
+    :data:`~hpckpt.storage.adios2_c.IN_PLACE_WRITE`, over the old data files' blocks
+    without truncating them: ``TruncateDataFiles=false``, which ``parameters`` may
+    override) and collectively (the aggregators gather the other ranks' data and
     metadata).
     """
 
@@ -163,7 +169,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
     ) -> None:
         _require_adios2()
         self.engine = engine
-        self.parameters = {**DEFAULT_PARAMETERS, **{str(k): str(v) for k, v in (parameters or {}).items()}}
+        in_place = IN_PLACE_PARAMETERS if IN_PLACE_WRITE in features() else {}
+        given = {str(k): str(v) for k, v in (parameters or {}).items()}
+        self.parameters = {**DEFAULT_PARAMETERS, **in_place, **given}
         chosen = any(key.lower() == "directio" for key in self.parameters)  # ADIOS2 ignores the case
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in features()
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
@@ -252,9 +260,10 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         pass them in rank order, so block ids match the layout.
         """
         root = directory / DIRECTORY_NAME
-        # A data.bp/ recycled from a deleted step is written into: BP5 truncates and reuses
-        # the files it writes again (far cheaper here than new files while old ones are
-        # freed) and removes the others (tests/mpi/test_conformance.py checks both).
+        # A data.bp/ recycled from a deleted step is written into: BP5 writes over the data
+        # files it writes again (with IN_PLACE_PARAMETERS; an unpatched BP5 truncates and
+        # reuses them, still cheaper here than new files while old ones are freed) and
+        # removes the others (tests/mpi/test_conformance.py checks both).
         step = BP5Step(comm, root, self.engine, self.write_parameters(directory))
         for data in blocks:
             if data.block.size:

@@ -1,7 +1,8 @@
 """A step that ``make install``'s patched ADIOS2 wrote with ``DirectIO`` (a page-aligned
-array from its own memory, at a padded place of the data file) is a standard BP5 file:
-PyPI's adios2 wheel, built without hpckpt's patches, reads it in a fresh interpreter
-that never imports hpckpt."""
+array from its own memory, at a padded place of the data file) over the data file of a
+larger deleted step (in place, cut to size at close) is a standard BP5 file: PyPI's
+adios2 wheel, built without hpckpt's patches, reads it in a fresh interpreter that
+never imports hpckpt."""
 
 import hashlib
 import json
@@ -49,16 +50,27 @@ def test_a_direct_step_reads_with_an_unpatched_adios2(tmp_path):
     field[:] = np.random.default_rng(3).standard_normal(field.shape)
     state = {"small": hpckpt.Replicated(np.linspace(0.0, 1.0, 100)),
              "field": hpckpt.Distributed(field, global_shape=field.shape, offset=(0, 0))}
-    assert open_backend("adios2").write_parameters(tmp_path)["DirectIO"] == "true"
-    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="adios2") as checkpointer:
-        checkpointer.save(1, state)
+    parameters = open_backend("adios2").write_parameters(tmp_path)
+    assert parameters["DirectIO"] == "true" and parameters["TruncateDataFiles"] == "false"
+    big = np.ones((3000, 1024))
+    larger = {"small": state["small"],
+              "field": hpckpt.Distributed(big, global_shape=big.shape, offset=(0, 0))}
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend="adios2", keep=1) as checkpointer:
+        checkpointer.save(1, larger)
+        old = (tmp_path / "run" / "step-00000001" / "data.bp" / "data.0").stat()
+        checkpointer.save(2, larger)  # step 1 deleted: its files kept for the next save
+        checkpointer.save(3, state)  # into step 1's data.bp
     (data,) = (tmp_path / "run").glob("step-*/data.bp")
+    written = (data / "data.0").stat()
+    assert data.parent.name == "step-00000003" and written.st_ino == old.st_ino  # written in place
+    assert written.st_size < old.st_size // 2  # and cut to its new length
     reader = run_group([sys.executable, "-c", READ, str(data)], timeout=120,
                        env={**os.environ, "PYTHONPATH": str(target)})  # ADIOS2 crashes without HOME
     assert reader.returncode == 0, reader.stderr[-3000:]
     report = json.loads(reader.stdout)
     assert report["file"].startswith(str(target)) and report["mpi"] is False
-    assert not {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"} & set(report["features"])
+    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE"}
+    assert not patches & set(report["features"])
     for name, array in (("small", state["small"].array), ("field", field)):
         shape, digest = report["read"][name]
         assert shape == list(array.shape) and digest == hashlib.sha256(array.tobytes()).hexdigest()

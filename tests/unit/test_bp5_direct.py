@@ -24,7 +24,8 @@ PAGE = direct.ALIGNMENT
 
 
 def test_make_installs_adios2_has_the_bp5_patches() -> None:
-    assert {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"} <= features(), sorted(features())
+    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE"}
+    assert patches <= features(), sorted(features())
 
 
 def _save(directory: Path, array: np.ndarray, **options: object) -> bp5.ADIOS2Backend:

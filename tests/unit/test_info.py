@@ -33,7 +33,8 @@ def test_reports_the_mpi_library_and_the_io_libraries_of_this_process():
     assert report["h5py"] == {"version": h5py.__version__, "hdf5": h5py.version.hdf5_version,
                               "mpi": h5py.get_config().mpi}
     assert report["adios2"] == {"version": adios2.__version__, "mpi": adios2.is_built_with_mpi,
-                                "bp5_patches": ["BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"]}
+                                "bp5_patches": ["BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY",
+                                                "BP5_IN_PLACE_WRITE"]}
     assert report["node_local"]["directory"] == "/dev/shm"
     assert abs(report["node_local"]["free_bytes"] - shutil.disk_usage("/dev/shm").free) < 1 << 30
     assert report["lfs"] == shutil.which("lfs")
