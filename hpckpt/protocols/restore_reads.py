@@ -416,8 +416,10 @@ class _Arrivals:
             self._changed.notify_all()
 
     def wait(self, request: BlockData) -> None:
-        """Return once ``request`` is whole (at once for an empty one), or the reads are over."""
-        if request.array.nbytes == 0 or request.block.size == 0:
+        """Return once ``request`` is whole (at once for an empty block, which is not read),
+        or the reads are over.
+        """
+        if request.block.size == 0:
             return
         with self._changed:
             self._changed.wait_for(lambda: self._over or id(request) in self._whole)

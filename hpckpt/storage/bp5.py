@@ -169,11 +169,12 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
     ) -> None:
         _require_adios2()
         self.engine = engine
-        in_place = IN_PLACE_PARAMETERS if IN_PLACE_WRITE in features() else {}
+        available = features()
+        in_place = IN_PLACE_PARAMETERS if IN_PLACE_WRITE in available else {}
         given = {str(k): str(v) for k, v in (parameters or {}).items()}
         self.parameters = {**DEFAULT_PARAMETERS, **in_place, **given}
         chosen = any(key.lower() == "directio" for key in self.parameters)  # ADIOS2 ignores the case
-        self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in features()
+        self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
 
     def write_parameters(self, directory: Path) -> dict[str, str]:

@@ -344,14 +344,13 @@ def _listed_box(offsets: dict[str, int | None], request: BlockData, file_size: i
     the global shape, listed at an offset that leaves the whole dataset inside the file;
     else None (the dataset is opened and checked instead).
     """
-    record, block = request.record, request.block
-    if stored_layout(record, block) is not HDF5Layout.WHOLE_ARRAY or record.global_shape is None:
+    record, block, shape = request.record, request.block, request.record.global_shape
+    if stored_layout(record, block) is not HDF5Layout.WHOLE_ARRAY or shape is None:
         return None
     offset = offsets.get(dataset_path(record))
-    size = math.prod(record.whole_shape) * np.dtype(record.dtype).itemsize
-    if offset is None or offset + size > file_size:
+    if offset is None or offset + math.prod(shape) * record.itemsize > file_size:
         return None
-    return StoredBox(offset, tuple(record.whole_shape), tuple(block.offset))
+    return StoredBox(offset, tuple(shape), tuple(block.offset))
 
 
 def _selection(

@@ -58,8 +58,8 @@ def stored_offsets(h5: Any, file_size: int) -> dict[str, int | None]:
 
     pieces: list[bytes] = []
     try:
-        while h5a.exists(h5.id, f"{OFFSETS_ATTRIBUTE}_{len(pieces)}".encode()):
-            attribute = h5a.open(h5.id, f"{OFFSETS_ATTRIBUTE}_{len(pieces)}".encode())
+        while h5a.exists(h5.id, name := f"{OFFSETS_ATTRIBUTE}_{len(pieces)}".encode()):
+            attribute = h5a.open(h5.id, name)
             size = attribute.get_storage_size() + sum(map(len, pieces))
             if attribute.shape != () or attribute.dtype.kind != "S" or size > OFFSETS_MAX:
                 return {}
