@@ -22,7 +22,12 @@ def file_checksum(path: str | os.PathLike[str]) -> str:
 
 def text_checksum(text: str) -> str:
     """Return the hex ``xxh3_64`` digest (16 digits) of ``text`` encoded as UTF-8."""
-    return xxhash.xxh3_64(text.encode()).hexdigest()
+    return bytes_checksum(text.encode())
+
+
+def bytes_checksum(data: bytes) -> str:
+    """Return the hex ``xxh3_64`` digest (16 digits) of ``data``."""
+    return xxhash.xxh3_64_hexdigest(data)
 
 
 def block_checksum(array: np.ndarray) -> str:

@@ -118,8 +118,8 @@ class CoordinatedEngine(Engine):
         return list_committed_steps(self.control, self.run_dir)
 
     def _restore_arrays(self, state: Any, choice: RestoreChoice) -> Restored | None:
-        def keep(step: int, manifest: Manifest | None) -> None:  # the next save may lay out as the step did
-            self.layouts.committed = CommittedLayout.of(step, manifest, self.backend, self.control.rank,
+        def keep(step: int, manifest: Manifest | None, part: Manifest) -> None:  # for the next save's layout
+            self.layouts.committed = CommittedLayout.of(step, manifest, part, self.backend, self.control.rank,
                                                         self.control.size)
 
         return restore_newest(self.control, self.run_dir, self.backend, state, choice, keep)

@@ -108,8 +108,8 @@ def recorded_blocks(records: Sequence[LeafRecord], rank: int) -> dict[str, Block
 def _block_key(
     kind: str, dtype: str, encoding: str | None, whole: tuple[int, ...] | None, block: Block
 ) -> BlockKey:
-    members = tuple(tuple(member) for member in block.members)
-    return (kind, dtype, encoding, whole, block.offset, block.shape, members, block.stored_bytes, block.codec)
+    return (kind, dtype, encoding, whole, block.offset, block.shape, tuple(block.members), block.stored_bytes,
+            block.codec)
 
 
 def records_by_rank(

@@ -98,13 +98,14 @@ def restore_newest(
     backend: Backend,
     state: Any,
     choice: RestoreChoice = RestoreChoice(),
-    keep_manifest: Callable[[int, Manifest | None], None] | None = None,
+    keep_manifest: Callable[[int, Manifest | None, Manifest], None] | None = None,
 ) -> Restored | None:
     """Fill ``state`` from the newest committed step that verifies (``choice.step``: from
     that step alone); say which step, and what was left alone (see :class:`RestoreChoice`).
-    ``keep_manifest(step, manifest)`` is then called on every rank with the step
-    restored and, on rank 0, its manifest read whole (None elsewhere, and for a manifest
-    in shards): an engine keeps its layout for its next save.
+    ``keep_manifest(step, manifest, part)`` is then called on every rank with the step
+    restored, on rank 0 its manifest read whole (None elsewhere, and for a manifest in
+    shards), and the rank's part of it that it read: an engine keeps its layout for its
+    next save.
 
     Collective over ``comm``: all ranks must call with trees of the same structure.
     Returns None when the run directory has no committed step. Without
@@ -135,7 +136,7 @@ def restore_newest(
             fallbacks.record(refused)
             continue
         if keep_manifest is not None:
-            keep_manifest(step, attempt.whole)
+            keep_manifest(step, attempt.whole, manifest)
         return _restored(step, manifest, slots, comm.rank, tuple(fallbacks.warned))
     raise fallbacks.failure()
 

@@ -208,6 +208,14 @@ class Backend(ABC):
         """
         return records_by_rank(records, ranks)
 
+    def own_part(self, records: Sequence[LeafRecord], rank: int) -> tuple[LeafRecord, ...] | None:
+        """``rank``'s entry of :meth:`parts` made from ``records`` that hold at least
+        ``rank``'s own blocks (its part of a restored step), or None where that entry
+        needs the blocks of other ranks too. Pure. Default: every record, with only
+        ``rank``'s blocks.
+        """
+        return records_by_rank(records, range(rank, rank + 1))[0]
+
     @abstractmethod
     def write(
         self,

@@ -7,6 +7,8 @@ pin that order for each path, so that a change to it shows here before it hangs 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -124,7 +126,8 @@ def test_each_path_runs_its_phases_in_order(tmp_path, backend_name, monkeypatch)
     assert list(first.seconds) == FIRST and first.plans_gathered and not first.merged_in_groups
     assert list(second.seconds) == REUSED and not second.plans_gathered
     memory = LayoutMemory()  # a relaunched job's engine, which restored step 2
-    memory.committed = CommittedLayout.of(2, saver.run_dir.manifest(2), backend, 0, 1)
+    restored = saver.run_dir.manifest(2)  # with one rank, its part is the whole manifest
+    memory.committed = CommittedLayout.of(2, restored, restored, backend, 0, 1)
     relaunched = StepSaver(saver.run_dir, backend, (KeepNewest(2),), memory)
     third = relaunched.save(MPI.COMM_SELF, SaveRequest(3), make_state(3))
     fourth = relaunched.save(MPI.COMM_SELF, SaveRequest(4), make_state(4))
@@ -162,9 +165,11 @@ def test_only_a_whole_step_of_the_same_backend_and_ranks_lends_its_layout(tmp_pa
         checkpointer.save(2, make_state(1), base=1)  # incremental: its blocks are in step 1
         manifest, delta = checkpointer.run_dir.manifest(1), checkpointer.run_dir.manifest(2)
     posix, hdf5 = open_backend("posix"), open_backend("hdf5")
-    assert CommittedLayout.of(1, manifest, posix, 0, 1) == CommittedLayout(1, manifest.leaves)
-    assert CommittedLayout.of(1, None, posix, 1, 2) == CommittedLayout(1, None)  # rank 1 cannot tell
+    part = replace(manifest, leaves=manifest.leaves[:1])  # what a rank's restore read of the step
+    kept = CommittedLayout(1, manifest.leaves, part.leaves)
+    assert CommittedLayout.of(1, manifest, part, posix, 0, 1) == kept
+    assert CommittedLayout.of(1, None, part, posix, 1, 2) == CommittedLayout(1, None, part.leaves)  # rank 1
     unusable = ((1, manifest, hdf5, 1), (1, manifest, posix, 2), (2, delta, posix, 1), (1, None, posix, 1),
                 (1, manifest, open_backend("posix", {"block_alignment": 4096}), 1))  # configured otherwise
     for step, manifest_, backend, size in unusable:
-        assert CommittedLayout.of(step, manifest_, backend, 0, size) is None
+        assert CommittedLayout.of(step, manifest_, part, backend, 0, size) is None

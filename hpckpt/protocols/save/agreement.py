@@ -31,31 +31,34 @@ class CommittedLayout:
     """The layout of a committed step an engine restored, for its first save.
 
     ``records`` are the step's laid-out records with every block, on rank 0; None on
-    the other ranks.
+    the other ranks. ``restored`` is this rank's part of the step as its restore read
+    it: every record, with at least this rank's own blocks.
     """
 
     step: int
     records: tuple[LeafRecord, ...] | None
+    restored: tuple[LeafRecord, ...]
 
     @classmethod
     def of(
-        cls, step: int, manifest: Manifest | None, backend: Backend, rank: int, size: int
+        cls, step: int, manifest: Manifest | None, part: Manifest, backend: Backend, rank: int, size: int
     ) -> CommittedLayout | None:
         """The layout of restored ``step`` as ``rank`` of ``size`` keeps it, from rank 0's
-        whole ``manifest`` (None elsewhere). Rank 0 keeps none where the step cannot lend
-        its layout (no whole manifest, blocks in shards or in other steps, another
-        backend or number of ranks, a leaf without blocks, or records that the backend,
-        as configured now, lays out otherwise: another ``ranks_per_file`` or striping);
-        the others cannot tell and keep one without records, and
-        :func:`agree_on_layout` finds that they do not all hold the same step's.
+        whole ``manifest`` (None elsewhere) and this rank's restored ``part`` of it. Rank
+        0 keeps none where the step cannot lend its layout (no whole manifest, blocks in
+        shards or in other steps, another backend or number of ranks, a leaf without
+        blocks, or records that the backend, as configured now, lays out otherwise:
+        another ``ranks_per_file`` or striping); the others cannot tell and keep one
+        without records, and :func:`agree_on_layout` finds that they do not all hold the
+        same step's.
         """
         if rank != 0:
-            return cls(step, None)
+            return cls(step, None, part.leaves)
         usable = (manifest is not None and not manifest.shards and not manifest.incremental
                   and manifest.backend == backend.name and manifest.world_size == size
                   and all(record.blocks for record in manifest.leaves)
                   and tuple(backend.layout(manifest.leaves)) == manifest.leaves)
-        return cls(step, manifest.leaves) if usable and manifest is not None else None
+        return cls(step, manifest.leaves, part.leaves) if usable and manifest is not None else None
 
 
 class LayoutMemory:
@@ -128,25 +131,40 @@ def reuse_committed_layout(
     its blocks there exactly as a merge would, else None.
 
     Collective over ``phases.comm`` (every rank holds ``committed``, rank 0 with its
-    records: :func:`agree_on_layout` found so): rank 0 sends
-    each rank its part of the step's records (phase ``reuse``), each rank compares the
-    blocks it plans with its blocks there (:func:`~hpckpt.model.layout.planned_blocks`),
-    and one reduction tells whether all agree. ``digest`` is this rank's layout digest, kept
-    with the layout for the next saves. The ranks' trees and values must already agree
+    records: :func:`agree_on_layout` found so). Each rank compares the blocks it plans
+    (:func:`~hpckpt.model.layout.planned_blocks`) with its blocks in the part of the
+    step its restore read (:meth:`~hpckpt.storage.base.Backend.own_part`), and one
+    reduction tells whether all agree (phase ``reuse``). Where a part needs other
+    ranks' blocks, or some rank's did not match (a restore reads no empty block), rank
+    0 sends each rank its part of the step's records instead (phase ``reuse parts``)
+    and they compare again. ``digest`` is this rank's layout digest, kept with the
+    layout for the next saves. The ranks' trees and values must already agree
     (:func:`agree_on_layout`).
     """
-    from mpi4py import MPI
-
     comm, records = phases.comm, committed.records
+    planned = planned_blocks(plan, comm.rank, comm.size)
+
+    def all_match(part: tuple[LeafRecord, ...]) -> bool:
+        return _everywhere(comm, phases.run("reuse", lambda: planned == recorded_blocks(part, comm.rank)))
 
     def parts() -> list[tuple[LeafRecord, ...]] | None:
         return None if records is None else list(backend.parts(records, range(comm.size)))
 
-    part: tuple[LeafRecord, ...] = phases.run("reuse", parts, scatter_phase)
-    same = planned_blocks(plan, comm.rank, comm.size) == recorded_blocks(part, comm.rank)
-    if not comm.allreduce(same, op=MPI.LAND):
-        return None
+    own = backend.own_part(committed.restored, comm.rank)  # None alike on every rank
+    if own is not None and all_match(own):
+        part = own
+    else:
+        part = phases.run("reuse parts", parts, scatter_phase)
+        if not all_match(part):
+            return None
     if records is not None:  # rank 0 writes with every record, as after a merge
         return AgreedLayout.of(committed.step, digest, 0, comm.size, records,
                                sum(record.nbytes for record in records))
     return AgreedLayout.of(committed.step, digest, comm.rank, comm.size, part, 0)
+
+
+def _everywhere(comm: MPI.Comm, true: bool) -> bool:
+    """Whether ``true`` holds on every rank of ``comm``. Collective: one reduction."""
+    from mpi4py import MPI
+
+    return bool(comm.allreduce(true, op=MPI.LAND))

@@ -39,7 +39,8 @@ class PhaseRunner:
         return f"{self.prefix}: {phase}"
 
     def run(self, phase: str, action: Callable[[], T], agree: Agreement = run_phase) -> Any:
-        """Run ``action`` as ``phase`` under ``agree`` and record how long it took.
+        """Run ``action`` as ``phase`` under ``agree`` and record how long it took (in
+        all, where a phase runs more than once).
 
         Collective over the communicator: every rank runs the same phases in the same
         order. ``agree`` is one of the phase collectives of :mod:`hpckpt._comm`
@@ -51,4 +52,4 @@ class PhaseRunner:
         try:
             return agree(self.comm, self.name(phase), action)
         finally:
-            self.seconds[phase] = time.perf_counter() - start
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
