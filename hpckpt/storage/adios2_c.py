@@ -52,6 +52,7 @@ _SIZES = ctypes.POINTER(ctypes.c_size_t)
 CONTIGUOUS_READ, ZERO_COPY = "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"
 IN_PLACE_WRITE = "BP5_IN_PLACE_WRITE"
 BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE})
+_OPTIONAL = frozenset({"adios2_perform_data_write"})  # ADIOS2 2.9 on; without it, no staged pieces
 _library: Any = None
 
 
@@ -84,6 +85,7 @@ def _load() -> Any:
         "adios2_open": (pointer, [pointer, ctypes.c_char_p, ctypes.c_int]),
         "adios2_begin_step": (status, [pointer, ctypes.c_int, ctypes.c_float, ctypes.POINTER(ctypes.c_int)]),
         "adios2_put": (status, [pointer, pointer, ctypes.c_void_p, ctypes.c_int]),
+        "adios2_perform_data_write": (status, [pointer]),
         "adios2_end_step": (status, [pointer]),
         "adios2_close": (status, [pointer]),
         "adios2_finalize": (status, [pointer]),
@@ -97,8 +99,11 @@ def _load() -> Any:
     }
     library = types.SimpleNamespace()
     for name, (restype, argtypes) in signatures.items():
-        function = next(getattr(lib, name) for lib in libraries if hasattr(lib, name))
-        function.restype, function.argtypes = restype, argtypes
+        function = next((getattr(lib, name) for lib in libraries if hasattr(lib, name)), None)
+        if function is None and name not in _OPTIONAL:
+            raise ImportError(f"ADIOS2's C library has no {name}, which the adios2 backend calls")
+        if function is not None:
+            function.restype, function.argtypes = restype, argtypes
         setattr(library, name, function)
     # in ADIOS2's core library, reached through the C one's dependencies; older ADIOS2 lack it
     listing = next((lib.adios2_available_features for lib in libraries
@@ -123,6 +128,11 @@ def features() -> frozenset[str]:
     count, names = ctypes.c_size_t(), ctypes.POINTER(ctypes.c_char_p)()
     listing(ctypes.byref(count), ctypes.byref(names))
     return frozenset(names[index].decode() for index in range(count.value) if names[index])
+
+
+def writes_now() -> bool:
+    """Whether the loaded ADIOS2 has ``adios2_perform_data_write`` (:meth:`BP5Step.write_now`)."""
+    return _load().adios2_perform_data_write is not None
 
 
 def _open_library(package: Any, name: str) -> ctypes.CDLL:
@@ -207,6 +217,12 @@ class BP5Step:
             _call("adios2_set_selection", variable, len(count), None, _sizes(count))
         self._deferred.append(array)
         _call("adios2_put", self._engine, variable, ctypes.c_void_p(array.ctypes.data), _MODE_DEFERRED)
+
+    def write_now(self) -> None:
+        """Have BP5 write the data put so far (``PerformDataWrite``): memory put before
+        may change once this returns. Collective: every rank calls it as often.
+        """
+        _call("adios2_perform_data_write", self._engine)
 
     def close(self) -> None:
         """End the step, close the engine and free ADIOS2 (the files are complete)."""

@@ -47,6 +47,7 @@ from ..model.manifest import Block, LeafRecord
 from . import direct
 from .adios2_c import IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
+from .bp5_pieces import BlockPut, goes_in_pieces, piece_count, put_in_pieces, writes_in_pieces
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -113,6 +114,15 @@ def _stored_view(array: np.ndarray, as_bytes: bool) -> np.ndarray:
     return view.view(np.uint8).reshape(view.shape + (array.itemsize,)) if as_bytes else view
 
 
+def _most(comm: MPI.Comm, count: int) -> int:
+    """The largest ``count`` of any rank of ``comm``. Collective: one reduction."""
+    from mpi4py import MPI
+
+    counts = np.array([count, 0], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.MAX)
+    return int(counts[0])
+
+
 def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], list[int]]:
     """The stored variable's shape, and ``block``'s start and count in it."""
     extra = [record.itemsize] if record.location.get("encoding") == "bytes" else []
@@ -141,7 +151,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         :data:`~hpckpt.storage.adios2_c.ZERO_COPY`: the patch in ``tools/adios2-patches``
         that ``make install`` applies) and the step's file system takes ``O_DIRECT``
         (default); the pack, a non-blocking save's snapshot and
-        restored arrays are page-aligned, others are copied by BP5. An ADIOS2 without
+        restored arrays are page-aligned and written from their memory, large unaligned
+        blocks of global arrays go in pieces through two aligned buffers
+        (:mod:`~hpckpt.storage.bp5_pieces`), and BP5 copies the others. An ADIOS2 without
         the feature (a site's module) copies every Put with ``DirectIO``, which measured
         slower than the page cache: it writes through the page cache. False: always
         through the page cache. A ``DirectIO`` in ``parameters`` wins.
@@ -265,12 +277,21 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         # files it writes again (with IN_PLACE_PARAMETERS; an unpatched BP5 truncates and
         # reuses them, still cheaper here than new files while old ones are freed) and
         # removes the others (tests/mpi/test_conformance.py checks both).
-        step = BP5Step(comm, root, self.engine, self.write_parameters(directory))
+        parameters = self.write_parameters(directory)
+        step = BP5Step(comm, root, self.engine, parameters)
+        in_pieces = writes_in_pieces(parameters)
+        later: list[BlockPut] = []
         for data in blocks:
             if data.block.size:
                 record = data.record
                 stored = _stored_view(data.array, record.location.get("encoding") == "bytes")
-                step.put(record.path, record.kind, stored, *_selection(record, data.block))
+                put = BlockPut(record.path, str(record.kind), stored, *_selection(record, data.block))
+                if in_pieces and goes_in_pieces(put):
+                    later.append(put)
+                else:
+                    step.put(put.name, put.kind, put.array, put.shape, put.start, put.count)
+        if in_pieces:
+            put_in_pieces(step, later, _most(comm, piece_count(later)))
         step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
 

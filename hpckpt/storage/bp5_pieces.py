@@ -1,0 +1,123 @@
+"""Large unaligned blocks written by BP5 with ``DirectIO``, a piece at a time through two
+page-aligned buffers.
+
+With ``DirectIO``, BP5 (with hpckpt's patch, :data:`~.adios2_c.ZERO_COPY`) writes a
+deferred Put from the caller's memory only where its address and length are multiples
+of the page; it copies any other Put into a buffer it allocates for the step, as large
+as the data, and writes that after the copy. A NumPy array of hundreds of MiB starts
+16-32 bytes past a page, so such a save paid for a new buffer's first touch, a copy and
+the write one after the other.
+
+Instead, a block of a global array of at least :data:`PIECES_MIN` bytes whose memory is
+not aligned is put as pieces: runs of rows along its first axis, each copied into one of
+two page-aligned buffers of :data:`PIECE_BYTES` and put as a box of the same variable
+(readers assemble the boxes of a selection; the file stays standard BP5), then written
+by BP5 at once (``PerformDataWrite``) while a helper thread copies the next piece into
+the other buffer. ``PerformDataWrite`` is collective: every rank asks for as many writes
+as the rank with the most pieces (:func:`put_in_pieces`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..buffers.host import PAGE, AlignedPool
+from .adios2_c import BP5Step, writes_now
+
+PIECE_BYTES = 32 << 20  # each of the two buffers
+PIECES_MIN = 4 << 20  # smaller unaligned blocks are left to BP5's copy
+_BUFFERS = AlignedPool(keep=2)  # kept for the process's later saves
+
+
+@dataclass(frozen=True)
+class BlockPut:
+    """One block to put: ``array`` as the box ``start``, ``count`` of the global array
+    variable ``name`` (of kind ``kind``) of shape ``shape``.
+    """
+
+    name: str
+    kind: str
+    array: np.ndarray
+    shape: list[int]
+    start: list[int]
+    count: list[int]
+
+    def rows_per_piece(self) -> int:
+        """The rows of the first axis in each piece: as many as fill a buffer, in whole
+        pages (0: a row run of whole pages does not fit one).
+        """
+        row = self.array.nbytes // self.array.shape[0]
+        unit = PAGE // math.gcd(row, PAGE)  # the fewest rows that make whole pages
+        return PIECE_BYTES // row // unit * unit
+
+    def pieces(self) -> list[tuple[int, int]]:
+        """The ``(first, stop)`` rows of each piece."""
+        rows, step = self.array.shape[0], self.rows_per_piece()
+        return [(first, min(rows, first + step)) for first in range(0, rows, step)]
+
+
+def writes_in_pieces(parameters: Mapping[str, str]) -> bool:
+    """Whether steps written with the engine ``parameters`` put large unaligned blocks in
+    pieces (:func:`goes_in_pieces`): where BP5 writes aligned Puts from their memory
+    (``DirectIO``, each rank writing its own subfile, no ``AsyncWrite``) and the loaded
+    ADIOS2 can write within a step. Alike on every rank of a step.
+    """
+    lowered = {key.lower(): value.lower() for key, value in parameters.items()}
+    return (lowered.get("directio") == "true" and lowered.get("asyncwrite", "false") in ("false", "0")
+            and lowered.get("aggregationtype") in ("everyonewrites", "everyonewritesserial") and writes_now())
+
+
+def goes_in_pieces(put: BlockPut) -> bool:
+    """Whether ``put`` goes in pieces where :func:`writes_in_pieces`: a global array's
+    block of at least :data:`PIECES_MIN` bytes whose memory BP5 would copy (not
+    page-aligned, or not a whole number of pages), and whose rows fit a buffer in whole
+    pages.
+    """
+    aligned = put.array.ctypes.data % PAGE == 0 and put.array.nbytes % PAGE == 0
+    return bool(put.shape) and put.array.nbytes >= PIECES_MIN and not aligned and put.rows_per_piece() > 0
+
+
+def put_in_pieces(step: BP5Step, puts: Sequence[BlockPut], writes: int) -> None:
+    """Put every piece of ``puts`` from a page-aligned buffer and have BP5 write it
+    before that buffer is filled again, while a helper thread copies the next piece
+    into the other buffer. Collective over the step's ranks: each asks for ``writes``
+    writes (at least its number of pieces, :func:`piece_count`; the most any rank has).
+    """
+    pieces = [(put, first, stop) for put in puts for first, stop in put.pieces()]
+    if pieces:
+        buffers = [_BUFFERS.take(PIECE_BYTES), _BUFFERS.take(PIECE_BYTES)]
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-bp5-pieces") as copier:
+                def copy(index: int) -> Future[np.ndarray]:
+                    return copier.submit(_copy, *pieces[index], buffers[index % 2])
+
+                copied = copy(0)
+                for index, (put, first, stop) in enumerate(pieces):
+                    staged = copied.result()
+                    if index + 1 < len(pieces):  # into the buffer whose piece BP5 wrote last round
+                        copied = copy(index + 1)
+                    start, count = [put.start[0] + first, *put.start[1:]], [stop - first, *put.count[1:]]
+                    step.put(put.name, put.kind, staged, put.shape, start, count)
+                    step.write_now()
+        finally:
+            _BUFFERS.give_back(buffers)
+    for _ in range(writes - len(pieces)):  # as often as the rank with the most pieces
+        step.write_now()
+
+
+def piece_count(puts: Sequence[BlockPut]) -> int:
+    """How many pieces :func:`put_in_pieces` writes ``puts`` in."""
+    return sum(len(put.pieces()) for put in puts)
+
+
+def _copy(put: BlockPut, first: int, stop: int, buffer: np.ndarray) -> np.ndarray:
+    """Rows ``first`` to ``stop`` of ``put.array``, copied into the start of ``buffer``."""
+    rows = put.array[first:stop]
+    staged = buffer[: rows.nbytes].view(rows.dtype).reshape(rows.shape)
+    np.copyto(staged, rows)
+    return staged
