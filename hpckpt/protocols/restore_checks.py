@@ -25,6 +25,7 @@ from .restore_target import RestoreTarget
 
 STRICT_HINT = ("(Checkpointer.restore(state, strict=False) restores the leaves both have "
                "and leaves the others alone)")
+SHOWN = 20  # differences a rank reports, and an error lists, at most; a count stands for the rest
 
 
 class StepRefusedError(Exception):
@@ -64,7 +65,10 @@ class StepNotMatchingError(StepRefusedError):
 
     def error(self) -> StateMismatchError:
         """The error raised on every rank when no step matches the tree. Any rank, alone."""
-        listed = "\n  ".join(self.findings)
+        found = [finding for finding in self.findings if finding != STRICT_HINT]
+        if len(found) > SHOWN + 1:  # several ranks' (each rank's own are at most SHOWN and a count)
+            found = [*found[:SHOWN], f"and {len(found) - SHOWN} more findings of other ranks"]
+        listed = "\n  ".join(found + ([STRICT_HINT] if STRICT_HINT in self.findings else []))
         return StateMismatchError(
             f"the state does not match checkpoint step {self.step} ({self.source}):\n  {listed}"
         )
@@ -85,8 +89,9 @@ def refuse_on(step: int, findings: list[str]) -> None:
 
 def differences(manifest: Manifest, target: RestoreTarget) -> list[str]:
     """What differs between ``target``'s tree and ``manifest`` (this rank's part of a
-    step's manifest); empty when they match. Not strict, leaves of only one of them are
-    no differences. Every rank, alone (the ``match`` phase merges them).
+    step's manifest), at most :data:`SHOWN` of them and a count of the rest; empty when
+    they match. Not strict, leaves of only one of them are no differences. Every rank,
+    alone (the ``match`` phase merges them).
 
     Raises
     ------
@@ -112,9 +117,16 @@ def differences(manifest: Manifest, target: RestoreTarget) -> list[str]:
         else:
             found += _leaf_differences(slot, record, manifest, target, source)
     if not target.strict:
-        return found
+        return _at_most(found)
     extra = _not_in_state(manifest, target.slots)
-    return found + extra + ([STRICT_HINT] if missing or extra else [])
+    return _at_most(found + extra) + ([STRICT_HINT] if missing or extra else [])
+
+
+def _at_most(findings: list[str]) -> list[str]:
+    """The first :data:`SHOWN` of ``findings``, and a line that counts the others."""
+    if len(findings) <= SHOWN:
+        return findings
+    return [*findings[:SHOWN], f"and {len(findings) - SHOWN} more differences"]
 
 
 def _not_in_state(manifest: Manifest, slots: list[Slot]) -> list[str]:

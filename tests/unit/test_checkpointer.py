@@ -14,6 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import hpckpt
+from hpckpt.protocols.restore_checks import STRICT_HINT
 from tests.helpers import BACKEND_VARIANTS
 
 
@@ -107,6 +108,19 @@ def test_a_state_that_changed_is_refused_or_partly_restored_when_not_strict(tmp_
     assert grown["u"].array.tolist() == [0.0, 1.0, 2.0] and grown["it"] == 1
     assert grown["head"].array.tolist() == [-1.0, -1.0]
     assert checkpointer.last_restore.missing == ("head",) and checkpointer.last_restore.unexpected == ("old",)
+
+
+def test_a_mismatch_of_many_leaves_lists_twenty_and_counts_the_rest(tmp_path):
+    with open_self(tmp_path / "run", backend="posix") as checkpointer:
+        checkpointer.save(1, {f"a{index:03d}": hpckpt.Local(np.zeros(2)) for index in range(50)})
+        wider = {f"a{index:03d}": hpckpt.Local(np.zeros(3)) for index in range(50)}
+        wider["new"] = hpckpt.Local(np.zeros(1))
+        with pytest.raises(hpckpt.StateMismatchError) as info:
+            checkpointer.restore(wider)
+    lines = str(info.value).splitlines()
+    block = "but the checkpoint's block (of rank 0) has (2,)"
+    assert lines[1:21] == [f"  leaf 'a{index:03d}' on rank 0 has shape (3,) {block}" for index in range(20)]
+    assert lines[21:] == ["  and 31 more differences", f"  {STRICT_HINT}"]
 
 
 def test_retention_keeps_the_newest_steps_and_the_best_metric(tmp_path):
