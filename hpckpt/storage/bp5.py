@@ -47,7 +47,7 @@ from ..model.manifest import Block, LeafRecord
 from . import direct
 from .adios2_c import IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
-from .bp5_pieces import BlockPut, goes_in_pieces, piece_count, put_in_pieces, writes_in_pieces
+from .bp5_pieces import BlockPut, goes_in_pieces, put_in_pieces, write_count, writes_in_pieces
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -291,7 +291,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
                 else:
                     step.put(put.name, put.kind, put.array, put.shape, put.start, put.count)
         if in_pieces:
-            put_in_pieces(step, later, _most(comm, piece_count(later)))
+            put_in_pieces(step, later, _most(comm, write_count(later)))
         step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
 

@@ -12,9 +12,11 @@ Instead, a block of a global array of at least :data:`PIECES_MIN` bytes whose me
 not aligned is put as pieces: runs of rows along its first axis, each copied into one of
 two page-aligned buffers of :data:`PIECE_BYTES` and put as a box of the same variable
 (readers assemble the boxes of a selection; the file stays standard BP5), then written
-by BP5 at once (``PerformDataWrite``) while a helper thread copies the next piece into
-the other buffer. ``PerformDataWrite`` is collective: every rank asks for as many writes
-as the rank with the most pieces (:func:`put_in_pieces`).
+by BP5 at once (``PerformDataWrite``) while a helper thread copies the next pieces into
+the other buffer. Consecutive pieces share a buffer, each at a page boundary, so blocks
+of a few MiB (a torch state's) go out several per write. ``PerformDataWrite`` is
+collective: every rank asks for as many writes as the rank with the most buffer fills
+(:func:`put_in_pieces`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -82,42 +85,78 @@ def goes_in_pieces(put: BlockPut) -> bool:
     return bool(put.shape) and put.array.nbytes >= PIECES_MIN and not aligned and put.rows_per_piece() > 0
 
 
-def put_in_pieces(step: BP5Step, puts: Sequence[BlockPut], writes: int) -> None:
-    """Put every piece of ``puts`` from a page-aligned buffer and have BP5 write it
-    before that buffer is filled again, while a helper thread copies the next piece
-    into the other buffer. Collective over the step's ranks: each asks for ``writes``
-    writes (at least its number of pieces, :func:`piece_count`; the most any rank has).
+class Piece(NamedTuple):
+    """Rows ``first`` to ``stop`` of ``put``'s block, copied to byte ``offset`` (a whole
+    number of pages) of a buffer.
     """
-    pieces = [(put, first, stop) for put in puts for first, stop in put.pieces()]
-    if pieces:
+
+    put: BlockPut
+    first: int
+    stop: int
+    offset: int
+
+
+def buffer_fills(puts: Sequence[BlockPut]) -> list[list[Piece]]:
+    """The pieces of ``puts`` in order, grouped into buffer fills: each piece at the next
+    page boundary after the one before, a new fill where it would pass the end of the
+    buffer (:data:`PIECE_BYTES`). BP5 writes each fill at once; the fewer fills, the
+    fewer of these collective writes (a torch state has hundreds of blocks of a few MiB).
+    """
+    fills: list[list[Piece]] = []
+    used = 0  # bytes of the last fill, up to its last piece's end
+    for put in puts:
+        row = put.array.nbytes // put.array.shape[0]
+        for first, stop in put.pieces():
+            offset = -(-used // PAGE) * PAGE
+            if not fills or offset + (stop - first) * row > PIECE_BYTES:
+                fills.append([])
+                offset = 0
+            fills[-1].append(Piece(put, first, stop, offset))
+            used = offset + (stop - first) * row
+    return fills
+
+
+def put_in_pieces(step: BP5Step, puts: Sequence[BlockPut], writes: int) -> None:
+    """Put every piece of ``puts`` from a page-aligned buffer and have BP5 write each
+    buffer fill before that buffer is filled again, while a helper thread copies the
+    next fill into the other buffer. Collective over the step's ranks: each asks for
+    ``writes`` writes (at least its number of fills, :func:`write_count`; the most any
+    rank has).
+    """
+    fills = buffer_fills(puts)
+    if fills:
         buffers = [_BUFFERS.take(PIECE_BYTES), _BUFFERS.take(PIECE_BYTES)]
         try:
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-bp5-pieces") as copier:
-                def copy(index: int) -> Future[np.ndarray]:
-                    return copier.submit(_copy, *pieces[index], buffers[index % 2])
+                def copy(index: int) -> Future[list[np.ndarray]]:
+                    return copier.submit(_fill, fills[index], buffers[index % 2])
 
                 copied = copy(0)
-                for index, (put, first, stop) in enumerate(pieces):
+                for index, fill in enumerate(fills):
                     staged = copied.result()
-                    if index + 1 < len(pieces):  # into the buffer whose piece BP5 wrote last round
+                    if index + 1 < len(fills):  # into the buffer whose fill BP5 wrote last round
                         copied = copy(index + 1)
-                    start, count = [put.start[0] + first, *put.start[1:]], [stop - first, *put.count[1:]]
-                    step.put(put.name, put.kind, staged, put.shape, start, count)
+                    for (put, first, stop, _), array in zip(fill, staged):
+                        start, count = [put.start[0] + first, *put.start[1:]], [stop - first, *put.count[1:]]
+                        step.put(put.name, put.kind, array, put.shape, start, count)
                     step.write_now()
         finally:
             _BUFFERS.give_back(buffers)
-    for _ in range(writes - len(pieces)):  # as often as the rank with the most pieces
+    for _ in range(writes - len(fills)):  # as often as the rank with the most fills
         step.write_now()
 
 
-def piece_count(puts: Sequence[BlockPut]) -> int:
-    """How many pieces :func:`put_in_pieces` writes ``puts`` in."""
-    return sum(len(put.pieces()) for put in puts)
+def write_count(puts: Sequence[BlockPut]) -> int:
+    """How many writes :func:`put_in_pieces` has BP5 make of ``puts``: its buffer fills."""
+    return len(buffer_fills(puts))
 
 
-def _copy(put: BlockPut, first: int, stop: int, buffer: np.ndarray) -> np.ndarray:
-    """Rows ``first`` to ``stop`` of ``put.array``, copied into the start of ``buffer``."""
-    rows = put.array[first:stop]
-    staged = buffer[: rows.nbytes].view(rows.dtype).reshape(rows.shape)
-    np.copyto(staged, rows)
+def _fill(pieces: Sequence[Piece], buffer: np.ndarray) -> list[np.ndarray]:
+    """Each piece's rows copied into ``buffer`` at its offset; the copies, in order."""
+    staged = []
+    for put, first, stop, offset in pieces:
+        rows = put.array[first:stop]
+        copy = buffer[offset : offset + rows.nbytes].view(rows.dtype).reshape(rows.shape)
+        np.copyto(copy, rows)
+        staged.append(copy)
     return staged

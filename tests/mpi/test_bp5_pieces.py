@@ -36,7 +36,10 @@ def unaligned_field(world, seed: int) -> dict:
     local = memory[3:].reshape(-1, COLUMNS)  # 24 bytes past the allocation: never page-aligned
     local[...] = np.arange(local.size).reshape(local.shape) * (seed + 1) + start * COLUMNS
     small = np.full((4, 3), float(world.rank + seed))
+    tail = np.empty(400 * 100 + 1)[1:].reshape(400, 100)  # 320,000 bytes: shares a buffer with u's last rows
+    tail[...] = np.arange(tail.size).reshape(tail.shape) + 7 * seed + world.rank
     return {"u": hpckpt.Distributed(local, global_shape=(sum(rows), COLUMNS), offset=(start, 0)),
+            "v": hpckpt.Distributed(tail, global_shape=(400 * world.size, 100), offset=(400 * world.rank, 0)),
             "small": hpckpt.Distributed(small, global_shape=(4 * world.size, 3), offset=(4 * world.rank, 0)),
             "own": hpckpt.Local(np.arange(300_000, dtype=np.int64) + world.rank)}
 
@@ -62,6 +65,9 @@ def test_unaligned_blocks_go_in_pieces_and_read_back_everywhere(world, mpi_tmp_p
         per_piece = bp5_pieces.BlockPut("u", "distributed", state["u"].array, [], [], []).rows_per_piece()
         assert per_piece == 128  # 1 MiB of 8,000-byte rows, in multiples of 64 rows
         assert len(blocks) == sum(-(-rows // per_piece) for rows in rows_of(world))
+    puts = [bp5_pieces.BlockPut(name, "distributed", state[name].array, [1], [0], [1]) for name in ("u", "v")]
+    fills = bp5_pieces.buffer_fills(puts)
+    assert fills[-1][-1].put.array is state["v"].array and len(fills[-1]) == 2  # u's last rows, then v
 
 
 def unaligned_field_rows(world, rank: int) -> np.ndarray:
