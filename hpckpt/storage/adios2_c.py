@@ -52,7 +52,7 @@ _SIZES = ctypes.POINTER(ctypes.c_size_t)
 CONTIGUOUS_READ, ZERO_COPY = "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"
 IN_PLACE_WRITE = "BP5_IN_PLACE_WRITE"
 BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE})
-_OPTIONAL = frozenset({"adios2_perform_data_write"})  # ADIOS2 2.9 on; without it, no staged pieces
+_OPTIONAL = frozenset({"adios2_perform_data_write"})  # without it, no blocks in pieces (bp5_pieces)
 _library: Any = None
 
 

@@ -211,10 +211,12 @@ class Backend(ABC):
     def own_part(self, records: Sequence[LeafRecord], rank: int) -> tuple[LeafRecord, ...] | None:
         """``rank``'s entry of :meth:`parts` made from ``records`` that hold at least
         ``rank``'s own blocks (its part of a restored step), or None where that entry
-        needs the blocks of other ranks too. Pure. Default: every record, with only
-        ``rank``'s blocks.
+        may need the blocks of other ranks too. Pure. Default: the default
+        :meth:`parts`' entry; None for a backend with its own :meth:`parts`.
         """
-        return records_by_rank(records, range(rank, rank + 1))[0]
+        if type(self).parts is not Backend.parts:
+            return None
+        return self.parts(records, range(rank, rank + 1))[0]
 
     @abstractmethod
     def write(

@@ -47,7 +47,7 @@ from ..model.manifest import Block, LeafRecord
 from . import direct
 from .adios2_c import IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
-from .bp5_pieces import BlockPut, goes_in_pieces, put_in_pieces, write_count, writes_in_pieces
+from .bp5_pieces import BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -118,7 +118,7 @@ def _most(comm: MPI.Comm, count: int) -> int:
     """The largest ``count`` of any rank of ``comm``. Collective: one reduction."""
     from mpi4py import MPI
 
-    counts = np.array([count, 0], dtype=np.int64)
+    counts = np.array([count], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.MAX)
     return int(counts[0])
 
@@ -291,7 +291,8 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
                 else:
                     step.put(put.name, put.kind, put.array, put.shape, put.start, put.count)
         if in_pieces:
-            put_in_pieces(step, later, _most(comm, write_count(later)))
+            fills = buffer_fills(later)
+            put_in_pieces(step, fills, _most(comm, len(fills)))
         step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
 

@@ -116,14 +116,13 @@ def buffer_fills(puts: Sequence[BlockPut]) -> list[list[Piece]]:
     return fills
 
 
-def put_in_pieces(step: BP5Step, puts: Sequence[BlockPut], writes: int) -> None:
-    """Put every piece of ``puts`` from a page-aligned buffer and have BP5 write each
-    buffer fill before that buffer is filled again, while a helper thread copies the
-    next fill into the other buffer. Collective over the step's ranks: each asks for
-    ``writes`` writes (at least its number of fills, :func:`write_count`; the most any
+def put_in_pieces(step: BP5Step, fills: Sequence[Sequence[Piece]], writes: int) -> None:
+    """Put every piece of the buffer ``fills`` (:func:`buffer_fills`) from a page-aligned
+    buffer and have BP5 write each fill before that buffer is filled again, while a
+    helper thread copies the next fill into the other buffer. Collective over the step's
+    ranks: each asks for ``writes`` writes (at least its number of fills; the most any
     rank has).
     """
-    fills = buffer_fills(puts)
     if fills:
         buffers = [_BUFFERS.take(PIECE_BYTES), _BUFFERS.take(PIECE_BYTES)]
         try:
@@ -144,11 +143,6 @@ def put_in_pieces(step: BP5Step, puts: Sequence[BlockPut], writes: int) -> None:
             _BUFFERS.give_back(buffers)
     for _ in range(writes - len(fills)):  # as often as the rank with the most fills
         step.write_now()
-
-
-def write_count(puts: Sequence[BlockPut]) -> int:
-    """How many writes :func:`put_in_pieces` has BP5 make of ``puts``: its buffer fills."""
-    return len(buffer_fills(puts))
 
 
 def _fill(pieces: Sequence[Piece], buffer: np.ndarray) -> list[np.ndarray]:

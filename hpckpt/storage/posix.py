@@ -287,10 +287,10 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
         return records_by_rank(records, ranks, lambda rank: rank // self.ranks_per_file)
 
     def own_part(self, records: Sequence[LeafRecord], rank: int) -> tuple[LeafRecord, ...] | None:
-        """The default's with one rank per file; None with more (a part then holds the
-        blocks of every rank of the file).
+        """The entry of :meth:`parts` with one rank per file; None with more (a part then
+        holds the blocks of every rank of the file).
         """
-        return super().own_part(records, rank) if self.ranks_per_file == 1 else None
+        return self.parts(records, range(rank, rank + 1))[0] if self.ranks_per_file == 1 else None
 
     def write(
         self,

@@ -41,6 +41,6 @@ def test_consecutive_pieces_share_a_buffer_at_page_boundaries(monkeypatch):
         [(False, False, 1 << 20, 2 << 20, 0)],
         [(False, False, 2 << 20, 2_500_000, 0)],  # what is left of it
     ]
-    assert bp5_pieces.write_count([small, odd, large]) == 4
+    assert len(fills) == 4
     staged = bp5_pieces._fill(fills[0], aligned_empty((1 << 20,), np.uint8))
     assert [array.tobytes() for array in staged] == [small.array.tobytes(), odd.array.tobytes()]
