@@ -225,7 +225,7 @@ def _merge_leaf(per_rank: list[tuple[int, LeafPlan]], complete: bool) -> LeafRec
     first = per_rank[0][1]
     agreed: tuple[Any, ...] = (first.encoding, first.dtype, first.global_shape)
     if first.kind == LeafKind.REPLICATED:
-        agreed += (first.shape, first.chunk_checksums)
+        agreed += (first.shape,)
     if any(_agreed_fields(leaf, len(agreed)) != agreed for _, leaf in per_rank):
         _raise_disagreement(per_rank)
     blocks = leaf_blocks(per_rank, len(per_rank))  # a replicated leaf is on every rank
@@ -268,7 +268,7 @@ def fill_checksums(
 
 def _agreed_fields(leaf: LeafPlan, count: int) -> tuple:
     """What every rank's plan of a leaf must agree on (the first ``count`` fields)."""
-    return (leaf.encoding, leaf.dtype, leaf.global_shape, leaf.shape, leaf.chunk_checksums)[:count]
+    return (leaf.encoding, leaf.dtype, leaf.global_shape, leaf.shape)[:count]
 
 
 def _raise_disagreement(per_rank: list[tuple[int, LeafPlan]]) -> None:
@@ -288,7 +288,7 @@ def _raise_disagreement(per_rank: list[tuple[int, LeafPlan]]) -> None:
                 f"distributed leaf {first.path!r} has global_shape {first.global_shape} on rank 0 "
                 f"but {leaf.global_shape} on rank {rank}"
             )
-        if (leaf.shape, leaf.chunk_checksums) != (first.shape, first.chunk_checksums):
+        if leaf.shape != first.shape:
             raise InvalidStateError(
                 f"replicated leaf {first.path!r} differs between rank 0 (shape {first.shape}) and rank "
                 f"{rank} (shape {leaf.shape}); replicated arrays must be identical on every rank"

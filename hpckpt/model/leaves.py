@@ -135,7 +135,8 @@ class Replicated(_WholeArrayLeaf):
     Parameters
     ----------
     array
-        The same array on every rank (save checks that the bytes agree).
+        The same array on every rank (save checks that the bytes agree, after
+        writing them and before the commit).
     dims
         Optional names of its axes (e.g. ``("y", "x")``), the same on every rank: the
         hdf5 backend attaches them as dimension scales, which xarray and h5netcdf show.

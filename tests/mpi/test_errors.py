@@ -175,3 +175,42 @@ def test_a_damaged_replicated_chunk_makes_every_rank_fall_back(world, mpi_tmp_pa
             assert checkpointer.restore(state) == 1
     for index, leaf in enumerate(state["weights"]):
         assert np.array_equal(leaf.array, np.full_like(leaf.array, 1.0 + index)), index
+
+
+@pytest.mark.parametrize("layout", ["merged", "reused", "sharded"])
+def test_replicated_copies_that_differ_are_refused_after_the_write_on_every_rank(
+    world, mpi_tmp_path, monkeypatch, layout
+):
+    """Replicated arrays are compared by their chunk checksums after the write: one
+    element of the last rank's copy differs, in a chunk another rank writes, and every
+    rank raises the same error naming the leaf and that rank; nothing is committed, and
+    the next save of alike copies commits."""
+    if layout == "sharded":
+        monkeypatch.setenv("HPCKPT_MANIFEST_SHARD_RANKS", "2")
+    rows = (8 << 20) // 8 // 4  # two chunks of 4 MiB: written by two ranks
+
+    def state(value: float, spoiled: bool) -> dict:
+        big = np.full((rows, 4), value)
+        if spoiled and world.rank == world.size - 1:
+            big[-1, -1] += 1.0  # the last row: in the second chunk
+        return {"it": value, "w": {"big": hpckpt.Replicated(big), "small": hpckpt.Replicated(np.arange(3.0))}}
+
+    run_dir = mpi_tmp_path / f"replicas-{layout}"
+    with hpckpt.Checkpointer(run_dir, comm=world) as checkpointer:
+        if layout != "merged":
+            checkpointer.save(1, state(1.0, spoiled=False))
+        with pytest.raises(hpckpt.InvalidStateError) as info:
+            checkpointer.save(2, state(2.0, spoiled=True))
+        assert str(info.value) == (
+            f"replicated leaf 'w/big' differs between rank 0 and rank {world.size - 1} (save of step 2, "
+            "not committed); replicated arrays must be identical on every rank"
+        )
+        committed = [] if layout == "merged" else [1]
+        assert checkpointer.steps() == committed
+        assert not (run_dir / "step-00000002").exists()
+        if committed:
+            restored = state(0.0, spoiled=False)
+            assert checkpointer.restore(restored) == 1
+            assert np.array_equal(restored["w"]["big"].array, np.full((rows, 4), 1.0))
+        checkpointer.save(3, state(3.0, spoiled=False))
+        assert checkpointer.steps()[-1] == 3

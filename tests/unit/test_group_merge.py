@@ -35,7 +35,7 @@ def grid_plan(rank: int, box=None) -> RankPlan:
     leaves = (
         LeafPlan("grid", "distributed", "<f8", shape, offset, (6, 20), f"g{rank}"),
         LeafPlan(
-            "big", "replicated", "<f4", (rows, 2), (), None, f"b{rank}", chunk_checksums=("x", "y", "z")
+            "big", "replicated", "<f4", (rows, 2), (), None, f"b{rank}"
         ),
         LeafPlan("part", "local", "<i4", (rank % 3,), (), None, f"p{rank}"),
         pack_plan([("small", "<f8", (2,), None)], 16, f"k{rank}", None, None),
@@ -193,7 +193,7 @@ def test_posix_files_shared_across_groups_get_the_offsets_and_ends_of_a_whole_la
             (
                 LeafPlan("u", "distributed", "<f8", (lengths[rank],), (starts[rank],), (sum(lengths),), "u"),
                 LeafPlan("part", "local", "<i4", (0 if rank in empty else rank + 1,), (), None, "p"),
-                LeafPlan("table", "replicated", "<f4", (16,), (), None, "t", chunk_checksums=("t",)),
+                LeafPlan("table", "replicated", "<f4", (16,), (), None, "t"),
             ),
             {},
         )

@@ -30,14 +30,15 @@ def test_merge_builds_blocks_per_rank():
     assert values == {"it": 1}
 
 
-def test_a_small_replicated_array_is_one_block_and_ranks_must_agree():
-    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
-    rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("aa",))
+def test_a_small_replicated_array_is_one_block_and_ranks_must_agree_on_its_shape():
+    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa")
+    rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "")
     (record,), _ = merge_plans([RankPlan((rep,), {}), RankPlan((rest,), {})])
     assert [(b.rank, b.shape, b.checksum) for b in record.blocks] == [(0, (2, 2), "aa")]
     assert record.global_shape == (2, 2)
-    other = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("bb",))
-    with pytest.raises(InvalidStateError, match="replicated leaf 'w' differs between rank 0"):
+    other = LeafPlan("w", "replicated", "<f4", (2, 3), (), None, "")
+    differs = r"replicated leaf 'w' differs between rank 0 \(shape \(2, 2\)\)"
+    with pytest.raises(InvalidStateError, match=differs):
         merge_plans([RankPlan((rep,), {}), RankPlan((other,), {})])
 
 
@@ -55,11 +56,9 @@ def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
     writes = [writer_chunk("w", rank, 4) for rank in range(4)]
     assert sorted(writes) == [0, 1, 2, 3]  # each rank one chunk number, the one past the chunks: none
     plans = [
-        RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), chunks[chunk][0], None, sums[chunk],
-                           chunk_checksums=sums),), {})
+        RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), chunks[chunk][0], None, sums[chunk]),), {})
         if chunk < len(chunks)
-        else RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, "",
-                                chunk_checksums=sums),), {})
+        else RankPlan((LeafPlan("w", "replicated", "<f8", (rows, 4), (), None, ""),), {})
         for chunk in writes
     ]
     (record,), _ = merge_plans(plans)
@@ -131,11 +130,12 @@ def test_digests_split_what_ranks_share_from_where_each_rank_writes():
     packed = RankPlan((pack_plan([("v", "<i4", (2,), None)], 8, "aa", None, None),), {})
     alone = RankPlan((LeafPlan("v", "local", "<i4", (2,), (), None, "bb"),), {})
     assert plan_digests(packed)[0] == plan_digests(alone)[0]  # packed on one rank, alone on another: one tree
-    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
-    changed = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "bb", chunk_checksums=("bb",))
-    # copies must agree
-    assert plan_digests(RankPlan((rep,), {}))[0] != plan_digests(RankPlan((changed,), {}))[0]
-    assert plan_digests(RankPlan((rep,), {}))[1] == plan_digests(RankPlan((changed,), {}))[1]
+    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa")
+    changed = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "bb")
+    # the contents of copies are compared after the write (check_replicas), their shapes before
+    assert plan_digests(RankPlan((rep,), {})) == plan_digests(RankPlan((changed,), {}))
+    wider = LeafPlan("w", "replicated", "<f4", (2, 3), (0, 0), None, "aa")
+    assert plan_digests(RankPlan((rep,), {}))[0] != plan_digests(RankPlan((wider,), {}))[0]
 
 
 def test_a_kind_counts_in_the_digests_as_its_name_given_as_a_member_or_a_string():
@@ -143,7 +143,7 @@ def test_a_kind_counts_in_the_digests_as_its_name_given_as_a_member_or_a_string(
     for kind, (shape, offset, global_shape) in boxes.items():
         plans = [
             RankPlan(
-                (LeafPlan("x", given, "<f8", shape, offset, global_shape, "c", chunk_checksums=("c",)),), {}
+                (LeafPlan("x", given, "<f8", shape, offset, global_shape, "c"),), {}
             )
             for given in (kind, LeafKind(kind))
         ]
@@ -154,8 +154,8 @@ def test_a_kind_counts_in_the_digests_as_its_name_given_as_a_member_or_a_string(
 
 
 def test_an_agreed_layout_keeps_this_ranks_blocks_and_each_save_fills_every_checksum():
-    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa", chunk_checksums=("aa",))
-    rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "", chunk_checksums=("aa",))
+    rep = LeafPlan("w", "replicated", "<f4", (2, 2), (0, 0), None, "aa")
+    rest = LeafPlan("w", "replicated", "<f4", (2, 2), (), None, "")
     later = LeafPlan("u", "distributed", "<f8", (1,), (3,), (4,), LATER)
     plans = [RankPlan((dist((0,), (3,)), rep), {}), RankPlan((later, rest), {})]
     records, _ = merge_plans(plans)

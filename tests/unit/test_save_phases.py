@@ -24,7 +24,7 @@ from hpckpt.protocols.save.context import SaveContext
 from hpckpt.protocols.save.group_layout import MergeInGroups
 from hpckpt.protocols.save.layout import LayoutPath, MergeOnRoot, ReuseAgreedLayout
 from hpckpt.protocols.save.phases import PhaseRunner
-from hpckpt.protocols.save.planning import stage
+from hpckpt.protocols.save.planning import checksum_in_background, stage
 from hpckpt.protocols.save.request import SHARD_RANKS_ENV
 from hpckpt.storage import open_backend
 from hpckpt.storage.commit import RunDirectory
@@ -58,6 +58,9 @@ def test_stage_packs_small_local_leaves_and_leaves_exact_checksums_for_later():
                      PACK_PATH: LeafKind.LOCAL}
     assert {"big", "field", PACK_PATH} <= set(staged.later)
     assert all(leaf.checksum == LATER for leaf in staged.plan.leaves if leaf.path in staged.later)
+    assert list(staged.replicas) == ["weights"] and not staged.chunks  # its chunks hashed during the write
+    computed = checksum_in_background(staged).result()
+    assert set(computed.blocks) == set(staged.later) and list(computed.chunks) == ["weights"]
     assert staged.plan.values == {"iteration": 0}
     assert len(staged.lent) == 1  # the pack's buffer, to give back after the write
     PACK_BUFFERS.give_back(staged.lent)
@@ -68,7 +71,7 @@ def test_stage_of_a_save_that_compares_blocks_knows_every_checksum():
     assert not staged.later
     assert LATER not in staged.known_checksums().values()
     assert set(staged.known_checksums()) == {"field", "big", PACK_PATH}  # replicated: by chunk
-    assert list(staged.chunk_checksums()) == ["weights"]
+    assert list(staged.chunks) == ["weights"] and not staged.replicas
     assert staged.staged_bytes() == sum(array.nbytes for array in staged.arrays.values())
 
 

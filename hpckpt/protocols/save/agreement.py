@@ -1,6 +1,8 @@
-"""Whether a save reuses a layout instead of merging the plans: the layout of the
-engine's last save that merged them (:func:`agree_on_layout`), or, at the engine's
-first save, the layout of the step it restored (:func:`reuse_committed_layout`).
+"""What the ranks agree on around a save: whether it reuses a layout instead of
+merging the plans (the layout of the engine's last save that merged them,
+:func:`agree_on_layout`, or, at the engine's first save, the layout of the step it
+restored, :func:`reuse_committed_layout`), and, after the write, that their replicated
+arrays were alike (:func:`check_replicas`).
 
 A relaunched job restores its newest step, then saves the same tree again: its first
 save then takes that step's layout from the manifest the restore read, so a restart
@@ -10,6 +12,7 @@ costs more than merging (0.10 s against 0.03 s for 10,000 small arrays on 2 rank
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +22,7 @@ from ..._comm import await_everyone, scatter_phase
 from ...errors import InvalidStateError
 from ...model.layout import AgreedLayout, RankPlan, planned_blocks, recorded_blocks
 from ...model.manifest import LeafRecord, Manifest
+from ...model.plans import structure_digest
 from ...storage.base import Backend
 from .phases import PhaseRunner
 
@@ -161,6 +165,43 @@ def reuse_committed_layout(
         return AgreedLayout.of(committed.step, digest, 0, comm.size, records,
                                sum(record.nbytes for record in records))
     return AgreedLayout.of(committed.step, digest, comm.rank, comm.size, part, 0)
+
+
+def check_replicas(comm: MPI.Comm, step: int, chunks: Mapping[str, tuple[str, ...]]) -> None:
+    """Check that every rank's replicated arrays were alike, by their row-chunk
+    checksums (``chunks``, by leaf path: the same paths and shapes on every rank, as
+    the layout's agreement found).
+
+    Collective over ``comm``: one reduction of two integers, after the ``sync`` phase
+    and before the commit (none where the tree has no replicated leaf). The contents are
+    compared this late so that the checksums are computed during the write instead of
+    before it.
+
+    Raises
+    ------
+    InvalidStateError
+        On every rank, the same, naming the first rank whose copy of a leaf differs
+        from rank 0's and the first such leaf; the step is not committed.
+    """
+    from mpi4py import MPI
+
+    if not chunks:
+        return
+    ordered = sorted(chunks.items())
+    digest = structure_digest(ordered)
+    lowest = np.empty(2, dtype=np.int64)
+    await_everyone(comm, f"save step {step}: compare the replicated arrays")  # a stopped rank is named
+    comm.Allreduce(np.array([digest, -digest], dtype=np.int64), lowest, op=MPI.MIN)
+    if lowest[0] == -lowest[1]:
+        return
+    reference = comm.bcast(chunks if comm.rank == 0 else None, root=0)
+    differing = next((path for path, sums in ordered if reference.get(path) != sums), None)
+    first = comm.allreduce(comm.size if differing is None else comm.rank, op=MPI.MIN)
+    path = comm.bcast(differing, root=first)
+    raise InvalidStateError(
+        f"replicated leaf {path!r} differs between rank 0 and rank {first} (save of step {step}, "
+        "not committed); replicated arrays must be identical on every rank"
+    )
 
 
 def _everywhere(comm: MPI.Comm, true: bool) -> bool:

@@ -3,8 +3,10 @@
 ``sync``: every rank fsyncs the files it wrote (its node's cache holds its writes until
 then) and reports its sizes and its blocks' checksums: to rank 0, or, for a sharded
 step, to its group's leader, which writes its ranks' blocks into a shard of the manifest
-(``shard``) and sends rank 0 only the sizes and the shard. ``commit``: rank 0 records
-the largest sizes, writes the manifest last and renames the step into place.
+(``shard``) and sends rank 0 only the sizes and the shard. The ranks then check that
+their replicated arrays were alike (:func:`~hpckpt.protocols.save.agreement.check_replicas`).
+``commit``: rank 0 records the largest sizes, writes the manifest last and renames the
+step into place.
 ``retain``: old steps are deleted, only after a successful commit.
 """
 
@@ -27,7 +29,7 @@ from ...storage.names import shard_name
 from ...storage.retention import RetentionPolicy, retain
 from .context import SaveContext
 from .layout import Layout
-from .planning import PACK_BUFFERS, StagedRank
+from .planning import PACK_BUFFERS, Checksums, StagedRank
 
 RankReport = tuple[dict[str, int], dict[str, Block]]  # a rank's sizes seen, and its blocks by leaf path
 
@@ -36,16 +38,18 @@ RankReport = tuple[dict[str, int], dict[str, Block]]  # a rank's sizes seen, and
 class SyncedStep:
     """What rank 0 learns once every rank made its writes durable (empty elsewhere):
     the sizes each writer (or each leader) saw, the manifest's shards, and each rank's
-    block checksums by leaf path unless the step is sharded.
+    block checksums by leaf path unless the step is sharded; and, on every rank, its
+    replicated leaves' row-chunk checksums by path.
     """
 
     sizes_seen: list[dict[str, int]]
     shards: list[Shard]
     per_rank: list[dict[str, str]]
+    chunks: dict[str, tuple[str, ...]]
 
 
 def sync_step(
-    context: SaveContext, layout: Layout, staged: StagedRank, files: list[str], later: Future[dict[str, str]]
+    context: SaveContext, layout: Layout, staged: StagedRank, files: list[str], later: Future[Checksums]
 ) -> SyncedStep:
     """Make this rank's writes durable and report them: the ``sync`` phase, and ``shard``
     for a sharded step. Collective over the save's communicator.
@@ -54,19 +58,25 @@ def sync_step(
     """
     phases, comm = context.phases, context.comm
     temp = context.run_dir.temp_path(context.step)
+    computed: list[Checksums] = []
 
     def sync() -> tuple[dict[str, int], dict[str, str]]:
         point("save.sync")
         sizes = sync_files(temp, context.backend.written_files(files, comm.rank, comm.size))
-        return sizes, {**staged.known_checksums(), **later.result()}
+        computed.append(later.result())
+        return sizes, {**staged.known_checksums(), **computed[0].blocks}
 
     if not layout.sharded:
         synced = phases.run("sync", sync, gather_phase)  # to rank 0, which alone writes the manifest
         PACK_BUFFERS.give_back(staged.lent)  # a failed save leaves its pack buffer to the garbage collector
-        return SyncedStep([sizes for sizes, _ in synced], [], [sums for _, sums in synced])
-    chunks = staged.chunk_checksums()
-    reports = phases.run("sync", lambda: own_report(sync(), layout.blocks, comm.rank, chunks),
-                         gather_in_groups)
+        per_rank = [sums for _, sums in synced]
+        return SyncedStep([sizes for sizes, _ in synced], [], per_rank, computed[0].chunks)
+
+    def report() -> RankReport:
+        synced = sync()
+        return own_report(synced, layout.blocks, comm.rank, computed[0].chunks)
+
+    reports = phases.run("sync", report, gather_in_groups)
     PACK_BUFFERS.give_back(staged.lent)
 
     def shard() -> tuple[dict[str, int], Shard] | None:
@@ -75,7 +85,8 @@ def sync_step(
         return write_shard(temp, context.step, group, reports, layout.reused) if reports else None
 
     written = phases.run("shard", shard, gather_from_leaders) or []
-    return SyncedStep([sizes for sizes, _ in written], [shard for _, shard in written], [])
+    shards = [shard for _, shard in written]
+    return SyncedStep([sizes for sizes, _ in written], shards, [], computed[0].chunks)
 
 
 def own_report(
@@ -153,7 +164,7 @@ def _manifest(
         backend=backend.name,
         world_size=context.comm.size,
         checksum_algorithm=ALGORITHM,
-        leaves=outline.manifest_leaves(layout.sharded, synced.per_rank, staged.chunk_checksums()),
+        leaves=outline.manifest_leaves(layout.sharded, synced.per_rank, synced.chunks),
         values=outline.values,
         created=context.created,
         committed=time.time(),

@@ -3,13 +3,13 @@
 Nothing here is collective. A rank's plan (:class:`~hpckpt.model.layout.RankPlan`)
 says what it holds; its staged arrays are what it writes. Device leaves are copied to
 host memory as they land, small Local leaves go into one pack block, and the checksums
-of blocks stored exactly may be left for a helper thread that runs during the write
-(:func:`checksum_in_background`).
+of blocks stored exactly, and of every replicated array's row chunks, may be left for a
+helper thread that runs during the write (:func:`checksum_in_background`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,18 +39,33 @@ from ...model.tree import Slot, flatten
 from ...storage.base import Backend, Encoded
 
 
+@dataclass(frozen=True)
+class Checksums:
+    """Checksums a rank computed: of its blocks, and of every replicated leaf's row
+    chunks (:func:`~hpckpt.model.plans.replicated_chunks`; alike on every rank whose
+    copy is the same), each by leaf path.
+    """
+
+    blocks: dict[str, str] = field(default_factory=dict)
+    chunks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
 @dataclass
 class StagedRank:
     """One rank's plan and the host arrays it writes, by leaf path.
 
     ``later`` holds the arrays whose checksums the plan leaves for
-    :func:`checksum_in_background`; ``lent`` the pack buffer borrowed from
+    :func:`checksum_in_background`, and ``replicas`` every replicated leaf's row chunks
+    left for it; ``chunks`` the row-chunk checksums computed at planning instead (a
+    save that compares blocks); ``lent`` the pack buffer borrowed from
     :data:`PACK_BUFFERS`, given back once nothing reads the pack any more.
     """
 
     plan: RankPlan
     arrays: dict[str, np.ndarray]
     later: dict[str, np.ndarray] = field(default_factory=dict)
+    replicas: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    chunks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     lent: list[np.ndarray] = field(default_factory=list)
 
     def known_checksums(self) -> dict[str, str]:
@@ -60,11 +75,6 @@ class StagedRank:
         return {leaf.path: leaf.checksum for leaf in self.plan.leaves
                 if leaf.kind is not LeafKind.REPLICATED and leaf.checksum != LATER}
 
-    def chunk_checksums(self) -> dict[str, tuple[str, ...]]:
-        """Every replicated leaf's row-chunk checksums, by path (alike on every rank)."""
-        return {leaf.path: leaf.chunk_checksums
-                for leaf in self.plan.leaves if leaf.kind is LeafKind.REPLICATED}
-
     def staged_bytes(self) -> int:
         """The bytes this rank staged."""
         return sum(array.nbytes for array in self.arrays.values())
@@ -73,13 +83,17 @@ class StagedRank:
 def stage(state: Any, backend: Backend, rank: int, size: int, checksum_later: bool) -> StagedRank:
     """Plan and stage ``state`` for a save by rank ``rank`` of ``size``. Not collective.
 
-    With ``checksum_later``, the checksums of host blocks stored exactly are left to
-    :func:`checksum_in_background`, and the pack is built in a reused buffer.
+    With ``checksum_later``, the checksums of host blocks stored exactly and of
+    replicated row chunks are left to :func:`checksum_in_background`, and the pack is
+    built in a reused buffer.
     """
     later: dict[str, np.ndarray] = {}
+    replicas: dict[str, list[np.ndarray]] = {}
+    chunks: dict[str, tuple[str, ...]] = {}
     lent: list[np.ndarray] = []
-    plan, arrays = plan_local(state, backend, rank, size, later if checksum_later else None, lent)
-    return StagedRank(plan, arrays, later, lent)
+    deferred = (later, replicas) if checksum_later else None
+    plan, arrays = plan_local(state, backend, rank, size, deferred, lent, chunks)
+    return StagedRank(plan, arrays, later, replicas, chunks, lent)
 
 
 def plan_local(
@@ -87,8 +101,9 @@ def plan_local(
     backend: Backend | None = None,
     rank: int = 0,
     size: int = 1,
-    deferred: dict[str, np.ndarray] | None = None,
+    deferred: tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]] | None = None,
     lent: list[np.ndarray] | None = None,
+    chunks: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
@@ -97,8 +112,8 @@ def plan_local(
     itself, or its lossy reconstruction). The copies of all device leaves are enqueued
     first, so they run while host leaves are checksummed. Of a replicated array, ``rank``
     (of ``size``) stores its row chunk only, if it has one
-    (:func:`~hpckpt.model.plans.writer_chunk`), and checksums every chunk, for the ranks
-    to agree that their copies are the same.
+    (:func:`~hpckpt.model.plans.writer_chunk`), and every chunk is checksummed, for the
+    ranks to agree that their copies are the same.
     Local leaves of at most :data:`~hpckpt.model.layout.PACK_LIMIT` bytes that the
     backend stores exactly go into this rank's pack, one block with one checksum.
 
@@ -107,10 +122,13 @@ def plan_local(
     deferred
         When given, the checksums of host blocks stored exactly (and of the pack) are
         left out of the plan (:data:`~hpckpt.model.layout.LATER`) and their arrays put
-        here by path, to be checksummed while the data is written and made durable.
+        into its first dict by path, and every replicated leaf's row chunks into its
+        second, to be checksummed while the data is written and made durable.
     lent
         When given, the pack is built in a buffer of :data:`PACK_BUFFERS`, appended
         here for the caller to give back once nothing reads the pack any more.
+    chunks
+        Without ``deferred``, every replicated leaf's row-chunk checksums go here by path.
     """
     leaves: list[LeafPlan] = []
     arrays: dict[str, np.ndarray] = {}
@@ -134,10 +152,10 @@ def plan_local(
             if copy is not None:
                 copy.wait()
             continue
-        leaf_plan = _plan_leaf(slot, host, copy, backend, (rank, size), (arrays, deferred))
+        leaf_plan = _plan_leaf(slot, host, copy, backend, (rank, size), (arrays, deferred, chunks))
         leaves.append(leaf_plan)
     if members:
-        leaves.append(_pack(members, backend, arrays, deferred, lent))
+        leaves.append(_pack(members, backend, arrays, deferred[0] if deferred else None, lent))
     dims = {slot.path: slot.value.dims for slot in slots if getattr(slot.value, "dims", None)}
     return RankPlan(tuple(leaves), values, tuple(lists), dims), arrays
 
@@ -148,36 +166,46 @@ def _plan_leaf(
     copy: HostCopy | None,
     backend: Backend | None,
     position: tuple[int, int],
-    out: tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None],
+    out: tuple[dict[str, np.ndarray], tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]] | None,
+               dict[str, tuple[str, ...]] | None],
 ) -> LeafPlan:
     """The plan of one array leaf stored in a block of its own; its stored bytes go
-    into ``out[0]`` (and into ``out[1]``, when given, to be checksummed later).
+    into ``out[0]``; into ``out[1]``, when given, the block and a replicated leaf's row
+    chunks to be checksummed later, else the chunks' checksums into ``out[2]``.
     ``position`` is this rank's (rank, size).
     """
-    leaf, (rank, size), (arrays, deferred) = slot.value, position, out
+    leaf, (rank, size), (arrays, deferred, chunk_sums) = slot.value, position, out
+    later = deferred[0] if deferred is not None else None
     # a device leaf whose checksum can wait for the write (as a host block's does) is only
     # waited for; else it is checksummed chunk by chunk while the later chunks are still copied
     checksum = None
-    if copy is not None and deferred is not None:
+    if copy is not None and later is not None:
         copy.wait()
     elif copy is not None:
         checksum = pieces_checksum(copy.pieces())
     distributed = leaf if isinstance(leaf, Distributed) else None
     offset = distributed.offset if distributed else ()
     own = host
-    chunk_checksums: tuple[str, ...] = ()
     if isinstance(leaf, Replicated):
-        chunks = replicated_chunks(host.shape, host.dtype.itemsize, size)
-        chunk_checksums = tuple(block_checksum(host[_rows(box)]) for box in chunks)
+        boxes = replicated_chunks(host.shape, host.dtype.itemsize, size)
+        rows = [host[_rows(box)] for box in boxes]
+        sums: tuple[str, ...] = ()
+        if deferred is not None:  # compared by every rank after the write
+            deferred[1][slot.path] = rows
+        else:
+            sums = tuple(block_checksum(chunk) for chunk in rows)
+            if chunk_sums is not None:
+                chunk_sums[slot.path] = sums
         mine = writer_chunk(slot.path, rank, size)
-        if mine >= len(chunks):  # a small array: other ranks write it
+        if mine >= len(boxes):  # a small array: other ranks write it
             return LeafPlan(slot.path, leaf.kind, host.dtype.str, host.shape, (), None, "",
-                            leaf_encoding(leaf), chunk_checksums=chunk_checksums)
-        offset, own = chunks[mine][0], host[_rows(chunks[mine])]
-        checksum = chunk_checksums[mine]
+                            leaf_encoding(leaf))
+        offset, own = boxes[mine][0], rows[mine]
+        # the block's checksum is its chunk's (model.layout.fill_checksums)
+        checksum = sums[mine] if sums else LATER
     encoded = _encoded(backend, slot.path, own)
-    if checksum is None and deferred is not None and encoded.restored is own:
-        checksum, deferred[slot.path] = LATER, own
+    if checksum is None and later is not None and encoded.restored is own:
+        checksum, later[slot.path] = LATER, own
     elif checksum is None or encoded.restored is not own:
         checksum = block_checksum(encoded.restored)
     arrays[slot.path] = encoded.stored
@@ -192,7 +220,6 @@ def _plan_leaf(
         encoding=leaf_encoding(leaf),
         stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
         codec=encoded.codec,
-        chunk_checksums=chunk_checksums,
     )
 
 
@@ -229,17 +256,26 @@ def _pack(
     return pack_plan([member for member, _ in members], block.nbytes, checksum, stored_bytes, encoded.codec)
 
 
-def checksum_in_background(deferred: Mapping[str, np.ndarray]) -> Future[dict[str, str]]:
-    """Start checksumming the ``deferred`` arrays (by path) in a helper thread. Not collective.
+def checksum_in_background(staged: StagedRank) -> Future[Checksums]:
+    """Start checksumming the arrays that ``staged`` left for later in a helper thread.
+    Not collective.
 
-    Their checksums by path come from the returned future. The save starts it before
-    its write and collects it after the fsync, so the hashing runs while the disk is
-    busy: during a direct write, which leaves little for the fsync, as much as during
-    the write-back of a buffered one (xxh3 releases the GIL).
+    The future gives the checksums of the blocks in ``staged.later`` and every
+    replicated leaf's row-chunk checksums (those of ``staged.replicas``, or the ones
+    computed at planning). The save starts it before its write and collects it after
+    the fsync, so the hashing runs while the disk is busy: during a direct write, which
+    leaves little for the fsync, as much as during the write-back of a buffered one
+    (xxh3 releases the GIL).
     """
+
+    def checksums() -> Checksums:
+        blocks = {path: block_checksum(array) for path, array in staged.later.items()}
+        chunks = {path: tuple(map(block_checksum, rows)) for path, rows in staged.replicas.items()}
+        return Checksums(blocks, {**staged.chunks, **chunks})
+
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-checksum")
     try:
-        return pool.submit(lambda: {path: block_checksum(array) for path, array in deferred.items()})
+        return pool.submit(checksums)
     finally:
         pool.shutdown(wait=False)
 

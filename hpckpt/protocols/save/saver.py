@@ -14,7 +14,7 @@ from ...model.plans import plan_digests
 from ...storage.base import Annotations, Backend, GroupLayout
 from ...storage.commit import RunDirectory
 from ...storage.retention import RetentionPolicy
-from .agreement import LayoutMemory, agree_on_layout, reuse_committed_layout
+from .agreement import LayoutMemory, agree_on_layout, check_replicas, reuse_committed_layout
 from .base_step import base_blocks, choose_base
 from .committing import commit_step, retain_steps, sync_step
 from .context import SaveContext
@@ -69,10 +69,11 @@ class StepSaver:
         layout = self._lay_out(context, staged, many)
         self.run_dir.begin(request.step)  # every rank saves this step (the layout's agreement checked it)
         phases.run("prepare", lambda: self._prepare(context, layout))
-        later = checksum_in_background(staged.later)
+        later = checksum_in_background(staged)
         values = staged.plan.values if layout.outline is None else layout.outline.values
         files = write_step(context, layout, Annotations(values, staged.plan.dims))
         synced = sync_step(context, layout, staged, files, later)
+        check_replicas(comm, request.step, synced.chunks)
         commit_step(context, layout, staged, files, synced)
         deleted = retain_steps(context, self.retention)
         gathered, in_groups = layout.path is not LayoutPath.REUSED, layout.path is LayoutPath.MERGED_IN_GROUPS
