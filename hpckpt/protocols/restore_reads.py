@@ -14,7 +14,7 @@ stored block to read, of four kinds:
 
 A replicated leaf is read in chunks, each by one rank, and broadcast to the others
 (:func:`read_and_share`: each chunk as soon as its reader has it, while the reads go
-on). Leaves on a device are read into pinned host
+on, the broadcasts non-blocking). Leaves on a device are read into pinned host
 buffers and copied back once everything verified (:meth:`ReadPlan.copy_to_devices`).
 """
 
@@ -44,6 +44,10 @@ from .restore_target import RestoreTarget
 
 if TYPE_CHECKING:
     from mpi4py import MPI
+
+PROGRESS_INTERVAL = 0.0002  # seconds: how often a rank waiting for its own read drives the broadcasts started
+Arrived = Callable[[BlockData, Callable[[], None]], None]
+"""Waits until a read is whole, calling the given progress function meanwhile."""
 
 
 class Piece(Protocol):
@@ -215,23 +219,39 @@ class ReadPlan:
             piece.put_in_place()
         self.packs.give_back()
 
-    def share_replicated(self, comm: MPI.Comm, arrived: Callable[[BlockData], None] | None = None) -> None:
-        """Broadcast each replicated chunk from the rank that read it, once ``arrived(its
-        read)`` returns on that rank (None: it was read before). Collective over ``comm``:
-        every rank calls it, with plans of the same chunks.
+    def share_replicated(self, comm: MPI.Comm, arrived: Arrived | None = None) -> None:
+        """Broadcast each replicated chunk from the rank that read it. Collective over
+        ``comm``: every rank calls it, with plans of the same chunks.
+
+        The broadcasts start in the plan's order, non-blocking, each rank starting the
+        broadcast of a chunk it reads once ``arrived(its read, progress)`` returns (None:
+        it was read before); the broadcasts already started progress while it waits.
+        So no rank waits for another rank's reads before the last broadcast: with
+        blocking broadcasts, a rank whose reads came in another order than the plan's
+        (the hdf5 backend's file order) held every rank up.
         """
         from mpi4py import MPI
+
+        started: list[MPI.Request] = []
+        copies: list[tuple[np.ndarray, np.ndarray]] = []
+
+        def progress() -> None:
+            if started and MPI.Request.Testall(started):
+                started.clear()
 
         for share in self.shares:
             if share.piece is not None:
                 if arrived is not None:
-                    arrived(share.piece.request)
+                    arrived(share.piece.request, progress)
                 share.piece.put_in_place()  # a chunk read into a buffer: copied into its leaf first
             region = share.destination[share.into + (Ellipsis,)]  # a view, a 0-d array's too
             contiguous = region if region.flags.c_contiguous else np.ascontiguousarray(region)
-            comm.Bcast([contiguous.reshape(-1).view(np.uint8), MPI.BYTE], root=share.root)
+            started.append(comm.Ibcast([contiguous.reshape(-1).view(np.uint8), MPI.BYTE], root=share.root))
             if contiguous is not region:
-                region[...] = contiguous
+                copies.append((region, contiguous))
+        MPI.Request.Waitall(started)
+        for region, contiguous in copies:
+            region[...] = contiguous
 
     def copy_to_devices(self) -> None:
         """Copy the host staging of each device leaf back into it, once per leaf. This rank alone."""
@@ -415,11 +435,18 @@ class _Arrivals:
             self._over = True
             self._changed.notify_all()
 
-    def wait(self, request: BlockData) -> None:
+    def wait(self, request: BlockData, progress: Callable[[], None]) -> None:
         """Return once ``request`` is whole (at once for an empty block, which is not read),
-        or the reads are over.
+        or the reads are over; calling ``progress`` every :data:`PROGRESS_INTERVAL`
+        seconds meanwhile.
         """
         if request.block.size == 0:
             return
-        with self._changed:
-            self._changed.wait_for(lambda: self._over or id(request) in self._whole)
+        def whole() -> bool:
+            return self._over or id(request) in self._whole
+
+        while True:
+            with self._changed:
+                if self._changed.wait_for(whole, PROGRESS_INTERVAL):
+                    return
+            progress()
