@@ -42,9 +42,14 @@ the rule, for each block read:
   blocks lose to buffered reads that way); smaller blocks through the page cache;
 - blocks read together (:meth:`BlockFile.read_segments`, as a restore reads a rank's
   blocks of a file) that lie at most :data:`RUN_GAP` apart and are not read in place
-  form runs; a run of at least :data:`RUN_MIN` bytes is read directly through the
-  bounce buffers, its bytes copied into each block's memory (a torch state's tensors
-  are small and 64 bytes past a page: one by one they went through the page cache).
+  form runs; a run of at least :data:`RUN_MIN` bytes, a lone block too, is read
+  directly through the bounce buffers, its bytes copied into each block's memory (a
+  torch state's tensors are small and 64 bytes past a page: one by one they went
+  through the page cache). A lone block among other ranks' blocks (the second row
+  chunk of each large replicated tensor in an hdf5 file, 6.5 MiB, between the first
+  chunks, which another rank reads) came through the page cache at 0.5 GB/s in a cold
+  restore, where readahead has nothing to read ahead, and directly at 0.7 GB/s; so
+  did runs of 12 MiB, which waited for a run of 16 MiB before.
   In the same benchmark (its ``hpckpt runs`` way, 2 ranks x 512 MiB, medians of 3, on
   another machine of this kind whose direct reads reach 3.35 GB/s), over a buffered
   read: tensors of 1 MiB 1.11, of 4 MiB 1.16, of 16 MiB 1.15, of 64 MiB 1.05, where
@@ -92,7 +97,7 @@ IN_PLACE_SHARE = (10, 11)
 IN_PLACE_PIECE_MIN, IN_PLACE_PIECE_MAX = 1 << 20, 1 << 30
 _DIRECT = getattr(os, "O_DIRECT", 0)
 
-RUN_MIN = 16 << 20  # a shorter run of blocks is read block by block
+RUN_MIN = 4 << 20  # a shorter run of blocks is read block by block, through the page cache
 # Segments at most this many bytes apart in a file are read as one run (the bytes between
 # read and dropped): an hdf5 file's datasets, a posix file's blocks, lie a few pages apart.
 RUN_GAP = 1 << 20
@@ -213,7 +218,9 @@ class BlockFile:
         pending: list[Segment] = []  # segments that lie together, not read in place
 
         def close_run() -> None:
-            if self._direct and len(pending) > 1 and pending[-1].end - pending[0].offset >= RUN_MIN:
+            span = pending[-1].end - pending[0].offset if pending else 0
+            # a lone block of BOUNCED_READ_MIN or more: read_into's own bounce buffers
+            if self._direct and RUN_MIN <= span and (len(pending) > 1 or span < BOUNCED_READ_MIN):
                 units.append(list(pending))
             else:
                 units.extend(pending)

@@ -208,6 +208,22 @@ def test_runs_split_at_wide_gaps_and_around_blocks_read_in_place(tmp_path: Path)
     assert read_directly == in_place + run_pages  # the small run read buffered
 
 
+def test_a_lone_block_among_other_ranks_blocks_is_read_directly(tmp_path: Path) -> None:
+    """Blocks of RUN_MIN and more, each farther than RUN_GAP from the next (an hdf5 file's
+    second row chunks, between the first chunks another rank reads), in memory that is
+    not page-aligned: each read directly through the bounce buffers, a smaller one
+    through the page cache."""
+    sizes = [RUN_MIN + 4321, RUN_MIN - 1, 2 * RUN_MIN + 5]
+    placed = _laid_out(sizes, [777, RUN_GAP + 1, RUN_GAP + 1], start=0)
+    path, data = _stored(tmp_path, placed[-1][0] + sizes[-1] + 2 * PAGE)
+    outs = _tensors(placed)
+    reports, read_directly = _read_segments(path, placed, outs)
+    for (offset, size), out, reported in zip(placed, outs, reports, strict=True):
+        assert np.array_equal(out, data[offset : offset + size]) and reported[-1] == size
+    pages = [-(-(offset + size) // PAGE) * PAGE - offset // PAGE * PAGE for offset, size in placed]
+    assert read_directly == pages[0] + pages[2]  # the bounce buffers take whole pages around each
+
+
 def test_a_run_whose_file_ends_early_says_where(tmp_path: Path) -> None:
     sizes = [BOUNCED_READ_MIN // 16] * 17
     placed = _laid_out(sizes, [0] * 17, start=0)
