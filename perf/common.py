@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpckpt
+from hpckpt.buffers.host import aligned_empty
 
 
 def timed(comm: MPI.Comm, action: Callable[[], object]) -> float:
@@ -174,12 +175,18 @@ def write_plain_adios2(comm: MPI.Comm, path: Path, block: np.ndarray, parameters
     comm.Barrier()
 
 
-def memcpy_seconds(comm: MPI.Comm, block: np.ndarray, repeat: int = 5) -> float:
-    """Median seconds of one copy of ``block`` into a preallocated buffer, slowest rank. Collective."""
+def memcpy_seconds(comm: MPI.Comm, block: np.ndarray, repeat: int = 5, *, new_memory: bool = False) -> float:
+    """Median seconds of one copy of ``block`` into a preallocated buffer, slowest rank;
+    with ``new_memory``, into a page-aligned buffer mapped for each copy (timed with it),
+    as a job's first non-blocking save copies into staging buffers it maps then.
+    Collective.
+    """
     target = np.empty_like(block)
     seconds = []
     for _ in range(repeat):
         start = time.perf_counter()
+        if new_memory:
+            target = aligned_empty(block.shape, block.dtype)
         np.copyto(target, block)
         seconds.append(time.perf_counter() - start)
     return max(comm.allgather(statistics.median(seconds)))
