@@ -451,10 +451,11 @@ def sharded(ranks: int, records: tuple[LeafRecord, ...], reports: list[tuple[dic
 class CountingComm:
     """A communicator that counts, per rank, the collective calls made on it (and on its
     duplicates) and the bytes each returned to this rank: pickled results of the
-    lower-case calls, receive buffers of the upper-case ones. Point-to-point traffic
+    lower-case calls, receive buffers of the upper-case ones (a non-blocking broadcast's
+    when it is started). Point-to-point traffic
     (the watchdog's arrival notices) is not counted; the model states it."""
 
-    COUNTED = ("allgather", "gather", "scatter", "bcast", "allreduce", "Allreduce", "Bcast")
+    COUNTED = ("allgather", "gather", "scatter", "bcast", "allreduce", "Allreduce", "Bcast", "Ibcast")
 
     def __init__(self, comm: Any, tally: list[tuple[str, int]]) -> None:
         self._comm, self._tally = comm, tally
