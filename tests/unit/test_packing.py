@@ -218,14 +218,13 @@ def test_host_checksums_wait_for_the_sync_unless_a_delta_compares_them(tmp_path,
     import xxhash
 
     from hpckpt.model.layout import LATER
-    from hpckpt.protocols.save.planning import plan_local
+    from hpckpt.protocols.save.planning import Deferred, plan_local
 
     state = small_state(4)
-    deferred: dict = {}
-    replicas: dict = {}
-    plan, _ = plan_local(state, None, 0, 1, (deferred, replicas))
+    deferred = Deferred()
+    plan, _ = plan_local(state, None, 0, 1, deferred)
     later = {leaf.path for leaf in plan.leaves if leaf.checksum == LATER}
-    assert later - set(replicas) == {"big", "field", PACK_PATH} == set(deferred)
+    assert later - set(deferred.rows) == {"big", "field", PACK_PATH} == set(deferred.blocks)
     with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, incremental=incremental) as checkpointer:
         checkpointer.save(1, state)
         checkpointer.save(2, state)

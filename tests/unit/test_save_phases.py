@@ -56,11 +56,12 @@ def test_stage_packs_small_local_leaves_and_leaves_exact_checksums_for_later():
     kinds = {leaf.path: leaf.kind for leaf in staged.plan.leaves}
     assert kinds == {"field": LeafKind.DISTRIBUTED, "big": LeafKind.LOCAL, "weights": LeafKind.REPLICATED,
                      PACK_PATH: LeafKind.LOCAL}
-    assert {"big", "field", PACK_PATH} <= set(staged.later)
-    assert all(leaf.checksum == LATER for leaf in staged.plan.leaves if leaf.path in staged.later)
-    assert list(staged.replicas) == ["weights"] and not staged.chunks  # its chunks hashed during the write
+    assert {"big", "field", PACK_PATH} <= set(staged.deferred.blocks)
+    assert all(leaf.checksum == LATER for leaf in staged.plan.leaves if leaf.path in staged.deferred.blocks)
+    # its chunks are hashed during the write
+    assert list(staged.deferred.rows) == ["weights"] and not staged.chunks
     computed = checksum_in_background(staged).result()
-    assert set(computed.blocks) == set(staged.later) and list(computed.chunks) == ["weights"]
+    assert set(computed.blocks) == set(staged.deferred.blocks) and list(computed.chunks) == ["weights"]
     assert staged.plan.values == {"iteration": 0}
     assert len(staged.lent) == 1  # the pack's buffer, to give back after the write
     PACK_BUFFERS.give_back(staged.lent)
@@ -68,10 +69,10 @@ def test_stage_packs_small_local_leaves_and_leaves_exact_checksums_for_later():
 
 def test_stage_of_a_save_that_compares_blocks_knows_every_checksum():
     staged = stage(make_state(), open_backend("posix"), 0, 1, checksum_later=False)
-    assert not staged.later
+    assert not staged.deferred.blocks
     assert LATER not in staged.known_checksums().values()
     assert set(staged.known_checksums()) == {"field", "big", PACK_PATH}  # replicated: by chunk
-    assert list(staged.chunks) == ["weights"] and not staged.replicas
+    assert list(staged.chunks) == ["weights"] and not staged.deferred.rows
     assert staged.staged_bytes() == sum(array.nbytes for array in staged.arrays.values())
 
 

@@ -51,20 +51,28 @@ class Checksums:
 
 
 @dataclass
+class Deferred:
+    """What a plan leaves for :func:`checksum_in_background` to checksum, by leaf path:
+    blocks stored exactly (and the pack), and every replicated leaf's row chunks.
+    """
+
+    blocks: dict[str, np.ndarray] = field(default_factory=dict)
+    rows: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+
+@dataclass
 class StagedRank:
     """One rank's plan and the host arrays it writes, by leaf path.
 
-    ``later`` holds the arrays whose checksums the plan leaves for
-    :func:`checksum_in_background`, and ``replicas`` every replicated leaf's row chunks
-    left for it; ``chunks`` the row-chunk checksums computed at planning instead (a
-    save that compares blocks); ``lent`` the pack buffer borrowed from
-    :data:`PACK_BUFFERS`, given back once nothing reads the pack any more.
+    ``deferred`` holds the arrays whose checksums the plan leaves for
+    :func:`checksum_in_background`; ``chunks`` the row-chunk checksums computed at
+    planning instead (a save that compares blocks); ``lent`` the pack buffer borrowed
+    from :data:`PACK_BUFFERS`, given back once nothing reads the pack any more.
     """
 
     plan: RankPlan
     arrays: dict[str, np.ndarray]
-    later: dict[str, np.ndarray] = field(default_factory=dict)
-    replicas: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    deferred: Deferred = field(default_factory=Deferred)
     chunks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     lent: list[np.ndarray] = field(default_factory=list)
 
@@ -87,13 +95,11 @@ def stage(state: Any, backend: Backend, rank: int, size: int, checksum_later: bo
     replicated row chunks are left to :func:`checksum_in_background`, and the pack is
     built in a reused buffer.
     """
-    later: dict[str, np.ndarray] = {}
-    replicas: dict[str, list[np.ndarray]] = {}
+    deferred = Deferred()
     chunks: dict[str, tuple[str, ...]] = {}
     lent: list[np.ndarray] = []
-    deferred = (later, replicas) if checksum_later else None
-    plan, arrays = plan_local(state, backend, rank, size, deferred, lent, chunks)
-    return StagedRank(plan, arrays, later, replicas, chunks, lent)
+    plan, arrays = plan_local(state, backend, rank, size, deferred if checksum_later else None, lent, chunks)
+    return StagedRank(plan, arrays, deferred, chunks, lent)
 
 
 def plan_local(
@@ -101,7 +107,7 @@ def plan_local(
     backend: Backend | None = None,
     rank: int = 0,
     size: int = 1,
-    deferred: tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]] | None = None,
+    deferred: Deferred | None = None,
     lent: list[np.ndarray] | None = None,
     chunks: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[RankPlan, dict[str, np.ndarray]]:
@@ -122,8 +128,8 @@ def plan_local(
     deferred
         When given, the checksums of host blocks stored exactly (and of the pack) are
         left out of the plan (:data:`~hpckpt.model.layout.LATER`) and their arrays put
-        into its first dict by path, and every replicated leaf's row chunks into its
-        second, to be checksummed while the data is written and made durable.
+        into its ``blocks`` by path, and every replicated leaf's row chunks into its
+        ``rows``, to be checksummed while the data is written and made durable.
     lent
         When given, the pack is built in a buffer of :data:`PACK_BUFFERS`, appended
         here for the caller to give back once nothing reads the pack any more.
@@ -155,7 +161,7 @@ def plan_local(
         leaf_plan = _plan_leaf(slot, host, copy, backend, (rank, size), (arrays, deferred, chunks))
         leaves.append(leaf_plan)
     if members:
-        leaves.append(_pack(members, backend, arrays, deferred[0] if deferred else None, lent))
+        leaves.append(_pack(members, backend, arrays, deferred.blocks if deferred else None, lent))
     dims = {slot.path: slot.value.dims for slot in slots if getattr(slot.value, "dims", None)}
     return RankPlan(tuple(leaves), values, tuple(lists), dims), arrays
 
@@ -166,20 +172,18 @@ def _plan_leaf(
     copy: HostCopy | None,
     backend: Backend | None,
     position: tuple[int, int],
-    out: tuple[dict[str, np.ndarray], tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]] | None,
-               dict[str, tuple[str, ...]] | None],
+    out: tuple[dict[str, np.ndarray], Deferred | None, dict[str, tuple[str, ...]] | None],
 ) -> LeafPlan:
     """The plan of one array leaf stored in a block of its own; its stored bytes go
     into ``out[0]``; into ``out[1]``, when given, the block and a replicated leaf's row
     chunks to be checksummed later, else the chunks' checksums into ``out[2]``.
     ``position`` is this rank's (rank, size).
     """
-    leaf, (rank, size), (arrays, deferred, chunk_sums) = slot.value, position, out
-    later = deferred[0] if deferred is not None else None
+    leaf, (arrays, deferred, chunk_sums) = slot.value, out
     # a device leaf whose checksum can wait for the write (as a host block's does) is only
     # waited for; else it is checksummed chunk by chunk while the later chunks are still copied
     checksum = None
-    if copy is not None and later is not None:
+    if copy is not None and deferred is not None:
         copy.wait()
     elif copy is not None:
         checksum = pieces_checksum(copy.pieces())
@@ -187,25 +191,14 @@ def _plan_leaf(
     offset = distributed.offset if distributed else ()
     own = host
     if isinstance(leaf, Replicated):
-        boxes = replicated_chunks(host.shape, host.dtype.itemsize, size)
-        rows = [host[_rows(box)] for box in boxes]
-        sums: tuple[str, ...] = ()
-        if deferred is not None:  # compared by every rank after the write
-            deferred[1][slot.path] = rows
-        else:
-            sums = tuple(block_checksum(chunk) for chunk in rows)
-            if chunk_sums is not None:
-                chunk_sums[slot.path] = sums
-        mine = writer_chunk(slot.path, rank, size)
-        if mine >= len(boxes):  # a small array: other ranks write it
+        chunk = _own_row_chunk(slot.path, host, position, deferred, chunk_sums)
+        if chunk is None:  # a small array: other ranks write it
             return LeafPlan(slot.path, leaf.kind, host.dtype.str, host.shape, (), None, "",
                             leaf_encoding(leaf))
-        offset, own = boxes[mine][0], rows[mine]
-        # the block's checksum is its chunk's (model.layout.fill_checksums)
-        checksum = sums[mine] if sums else LATER
+        offset, own, checksum = chunk
     encoded = _encoded(backend, slot.path, own)
-    if checksum is None and later is not None and encoded.restored is own:
-        checksum, later[slot.path] = LATER, own
+    if checksum is None and deferred is not None and encoded.restored is own:
+        checksum, deferred.blocks[slot.path] = LATER, own
     elif checksum is None or encoded.restored is not own:
         checksum = block_checksum(encoded.restored)
     arrays[slot.path] = encoded.stored
@@ -221,6 +214,33 @@ def _plan_leaf(
         stored_bytes=None if encoded.codec is None else encoded.stored.nbytes,
         codec=encoded.codec,
     )
+
+
+def _own_row_chunk(
+    path: str, host: np.ndarray, position: tuple[int, int], deferred: Deferred | None,
+    chunk_sums: dict[str, tuple[str, ...]] | None,
+) -> tuple[tuple[int, ...], np.ndarray, str] | None:
+    """The row chunk of replicated leaf ``path`` (``host``) that this rank writes
+    (``position``: its rank and size): its offset, rows and checksum (:data:`LATER`
+    when left for later: a block's is its chunk's, ``model.layout.fill_checksums``);
+    None where other ranks write every chunk. Every chunk goes into ``deferred.rows``,
+    when given, to be compared by every rank after the write; else their checksums into
+    ``chunk_sums``.
+    """
+    rank, size = position
+    boxes = replicated_chunks(host.shape, host.dtype.itemsize, size)
+    rows = [host[_rows(box)] for box in boxes]
+    sums: tuple[str, ...] = ()
+    if deferred is not None:
+        deferred.rows[path] = rows
+    else:
+        sums = tuple(map(block_checksum, rows))
+        if chunk_sums is not None:
+            chunk_sums[path] = sums
+    mine = writer_chunk(path, rank, size)
+    if mine >= len(boxes):
+        return None
+    return boxes[mine][0], rows[mine], sums[mine] if sums else LATER
 
 
 def _encoded(backend: Backend | None, path: str, array: np.ndarray) -> Encoded:
@@ -260,17 +280,17 @@ def checksum_in_background(staged: StagedRank) -> Future[Checksums]:
     """Start checksumming the arrays that ``staged`` left for later in a helper thread.
     Not collective.
 
-    The future gives the checksums of the blocks in ``staged.later`` and every
-    replicated leaf's row-chunk checksums (those of ``staged.replicas``, or the ones
-    computed at planning). The save starts it before its write and collects it after
+    The future gives the checksums of the blocks in ``staged.deferred`` and every
+    replicated leaf's row-chunk checksums (of its deferred rows, or the ones computed
+    at planning). The save starts it before its write and collects it after
     the fsync, so the hashing runs while the disk is busy: during a direct write, which
     leaves little for the fsync, as much as during the write-back of a buffered one
     (xxh3 releases the GIL).
     """
 
     def checksums() -> Checksums:
-        blocks = {path: block_checksum(array) for path, array in staged.later.items()}
-        chunks = {path: tuple(map(block_checksum, rows)) for path, rows in staged.replicas.items()}
+        blocks = {path: block_checksum(array) for path, array in staged.deferred.blocks.items()}
+        chunks = {path: tuple(map(block_checksum, rows)) for path, rows in staged.deferred.rows.items()}
         return Checksums(blocks, {**staged.chunks, **chunks})
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-checksum")
