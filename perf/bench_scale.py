@@ -116,6 +116,12 @@ collectives, per rank (P ranks, tree or recursive-doubling algorithms):
                    scatter: rank 0 sends each rank its part of the manifest, P - 1 messages"""
 
 
+def replica_checksum(path: str) -> str:
+    """The checksum of synthetic replicated leaf ``path`` (``weights/N``), one chunk alike on
+    every rank: ``N`` in 16 hex digits."""
+    return f"{int(path.rsplit('/', 1)[1]):016x}"
+
+
 def synthetic_plans(ranks: int, leaves: int, packed: bool = False) -> list[RankPlan]:
     """Every rank's plan: ``leaves // 2`` distributed row blocks and as many replicated
     arrays; with ``packed``, the last leaf is the rank's pack of small Local leaves (an
@@ -133,7 +139,7 @@ def synthetic_plans(ranks: int, leaves: int, packed: bool = False) -> list[RankP
             own.append(LeafPlan(f"field/{leaf}", "distributed", "<f8", (ROWS, 16), (rank * ROWS, 0),
                                 (ranks * ROWS, 16), checksum))
         for leaf in range(arrays - arrays // 2):
-            shared = f"{leaf:016x}"
+            shared = replica_checksum(f"weights/{leaf}")
             chunk = ((0,), (16,)) if writer_chunk(f"weights/{leaf}", rank, ranks) == 0 else None
             own.append(LeafPlan(f"weights/{leaf}", "replicated", "<f4", (16,), chunk[0] if chunk else (),
                                 None, shared if chunk else ""))
@@ -210,8 +216,7 @@ def measure(ranks: int, leaves: int) -> dict[str, Any]:
         for rank, plan in enumerate(plans)
     ]
     found["sync_bytes"] = len(pickle.dumps(reports, protocol=pickle.HIGHEST_PROTOCOL))
-    # every replicated leaf is one chunk, whose checksum is its path's number (as planned above)
-    chunks = {leaf.path: (f"{int(leaf.path.split('/')[1]):016x}",) for leaf in plans[0].leaves
+    chunks = {leaf.path: (replica_checksum(leaf.path),) for leaf in plans[0].leaves
               if leaf.kind == "replicated"}
 
     # posix: a file per rank
