@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,10 @@ def main() -> int:
         try:
             hpckpt.Checkpointer(args.dir)  # refused: torchrun's processes are MPI worlds of one
         except hpckpt.HpckptError as exc:
-            print(f"torch_launch: rank {dist.get_rank()}: {exc}", flush=True)
+            # one write of the whole line: the two processes share torchrun's stdout, and a
+            # print writes the text and its newline apart where Python's output is unbuffered
+            sys.stdout.write(f"torch_launch: rank {dist.get_rank()}: {exc}\n")
+            sys.stdout.flush()
             dist.barrier()  # torchrun stops the others when one exits: every one has printed first
             raise
         return 0
