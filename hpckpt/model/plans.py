@@ -93,9 +93,8 @@ def pack_plan(
     members: Sequence[PlannedMember], size: int, checksum: str, stored_bytes: int | None, codec: str | None
 ) -> LeafPlan:
     """The plan of a rank's pack of ``members``, ``size`` bytes (see the module docstring)."""
-    planned = tuple((path, dtype, shape, encoding) for path, dtype, shape, encoding in members)
     return LeafPlan(PACK_PATH, LeafKind.LOCAL, "|u1", (size,), (), None, checksum, PACKED, stored_bytes,
-                    codec, members=planned)
+                    codec, members=tuple(members))
 
 
 def packed_bytes(arrays: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
@@ -103,7 +102,8 @@ def packed_bytes(arrays: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
     (``uint8``, exactly as long as their bytes); returns ``out``.
     """
     if arrays:
-        np.concatenate([array.reshape(-1).view(np.uint8) for array in arrays], out=out)
+        np.concatenate([(array if array.ndim == 1 else array.reshape(-1)).view(np.uint8) for array in arrays],
+                       out=out)
     return out
 
 

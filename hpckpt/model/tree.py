@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InvalidStateError
 from .leaves import ARRAY_LEAF_TYPES
@@ -16,9 +15,10 @@ _RESERVED_KEYS = {"", ".", ".."}
 _CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
 
 
-@dataclass(frozen=True)
-class Slot:
-    """Where a leaf lives: its path and the container entry that holds it."""
+class Slot(NamedTuple):
+    """Where a leaf lives: its path and the container entry that holds it (a tuple: a
+    state of 10,000 leaves makes 10,000 of them per save).
+    """
 
     path: str
     container: dict | list
@@ -44,6 +44,18 @@ def _check_key(key: Any, parent: str) -> str:
         raise InvalidStateError(f"state key {key!r} at the top level is hpckpt's own "
                                 "(its packed small leaves)")
     return key
+
+
+def _checked_keys(node: dict, parent: str) -> list[str]:
+    """``node``'s keys, checked (:func:`_check_key`): all at once where every key is a
+    usable string, the common case; key by key, to name the first bad one, otherwise.
+    """
+    keys = list(node)
+    joined = "".join(keys) if all(type(key) is str for key in keys) else None
+    if (joined is None or "/" in joined or _CONTROL_CHARACTER.search(joined)
+            or not _RESERVED_KEYS.isdisjoint(keys) or (not parent and RESERVED_KEY in node)):
+        return [_check_key(key, parent) for key in keys]
+    return keys
 
 
 def is_plain(value: Any) -> bool:
@@ -98,13 +110,11 @@ def flatten(state: Any, lists: list[str] | None = None) -> list[Slot]:
 def _walk(node: dict | list, prefix: str, slots: list[Slot], lists: list[str] | None) -> None:
     if isinstance(node, list) and lists is not None:
         lists.append(prefix)
-    if isinstance(node, dict):
-        items = [(_check_key(key, prefix), key) for key in node]
-        entries = [(name, key) for name, key in sorted(items)]
-    else:
-        entries = [(str(index), index) for index in range(len(node))]
-    for name, key in entries:
-        path = f"{prefix}/{name}" if prefix else name
+    keys: list[Any] | range = (
+        sorted(_checked_keys(node, prefix)) if isinstance(node, dict) else range(len(node))
+    )
+    for key in keys:
+        path = f"{prefix}/{key}" if prefix else str(key)
         value = node[key]
         if isinstance(value, (dict, list)):
             _walk(value, path, slots, lists)

@@ -152,8 +152,8 @@ def plan_local(
             leaf.pickle()
         copy = copies.get(slot.path)
         host = as_host_array(leaf.array, slot.path) if copy is None else copy.host
-        packable = backend is None or backend.stores_exactly(slot.path)
-        if isinstance(leaf, Local) and host.nbytes <= PACK_LIMIT and packable:
+        if (isinstance(leaf, Local) and host.nbytes <= PACK_LIMIT
+                and (backend is None or backend.stores_exactly(slot.path))):
             members.append(((slot.path, host.dtype.str, host.shape, leaf_encoding(leaf)), host))
             if copy is not None:
                 copy.wait()
