@@ -50,8 +50,8 @@ _STEP_APPEND = 0
 _SIZES = ctypes.POINTER(ctypes.c_size_t)
 # the features that hpckpt's patches (tools/adios2-patches) add to adios2_available_features
 CONTIGUOUS_READ, ZERO_COPY = "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"
-IN_PLACE_WRITE = "BP5_IN_PLACE_WRITE"
-BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE})
+IN_PLACE_WRITE, DIRECT_READ = "BP5_IN_PLACE_WRITE", "BP5_DIRECT_READ"
+BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE, DIRECT_READ})
 _OPTIONAL = frozenset({"adios2_perform_data_write"})  # without it, no blocks in pieces (bp5_pieces)
 _library: Any = None
 
@@ -119,8 +119,8 @@ def features() -> frozenset[str]:
     """The names the loaded ADIOS2 lists in ``adios2_available_features``: its optional
     parts and, in a build with hpckpt's BP5 patches
     (``tools/adios2-patches``, which ``make install`` applies), ``"BP5_CONTIGUOUS_READ"``,
-    ``"BP5_DIRECTIO_ZERO_COPY"`` and ``"BP5_IN_PLACE_WRITE"``. Empty for an ADIOS2
-    without the list.
+    ``"BP5_DIRECTIO_ZERO_COPY"``, ``"BP5_IN_PLACE_WRITE"`` and ``"BP5_DIRECT_READ"``.
+    Empty for an ADIOS2 without the list.
     """
     listing = _load().adios2_available_features
     if listing is None:
@@ -240,13 +240,14 @@ class BP5File:
     manager (closing frees ADIOS2).
     """
 
-    def __init__(self, path: Path, engine: str) -> None:
+    def __init__(self, path: Path, engine: str, parameters: Mapping[str, str] | None = None) -> None:
         c = _load()
         self._adios = _handle(c.adios2_init_serial(), "adios2_init_serial")
         try:
             self._io = _handle(c.adios2_declare_io(self._adios, b"hpckpt-read"), "adios2_declare_io")
             _call("adios2_set_engine", self._io, engine.encode())
-            _call("adios2_set_parameter", self._io, b"Profile", b"Off")  # no profiling JSON beside the step
+            for key, value in {"Profile": "Off", **(parameters or {})}.items():  # Off: no profiling JSON
+                _call("adios2_set_parameter", self._io, key.encode(), value.encode())
             opened = c.adios2_open(self._io, str(path).encode(), _MODE_READ_RANDOM_ACCESS)
             self._engine = _handle(opened, f"adios2_open({str(path)!r})")
         except BaseException:

@@ -45,7 +45,7 @@ from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .adios2_c import IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
+from .adios2_c import DIRECT_READ, IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 from .bp5_pieces import BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
 
@@ -156,7 +156,13 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         (:mod:`~hpckpt.storage.bp5_pieces`), and BP5 copies the others. An ADIOS2 without
         the feature (a site's module) copies every Put with ``DirectIO``, which measured
         slower than the page cache: it writes through the page cache. False: always
-        through the page cache. A ``DirectIO`` in ``parameters`` wins.
+        through the page cache. A ``DirectIO`` in ``parameters`` wins. Reads, where the
+        loaded ADIOS2 lists :data:`~hpckpt.storage.adios2_c.DIRECT_READ`, open steps with
+        ``DirectIO`` (:attr:`read_parameters`): BP5 then reads the slabs of a box that
+        land in page-aligned memory (the arrays a restore allocates, an application's
+        aligned arrays) with ``O_DIRECT``, and the rest through the page cache, whose
+        read-ahead serves many small unaligned boxes (a torch state's) better than
+        direct reads through bounce buffers did.
 
     Laid out in groups: a group's Local blocks are numbered after the earlier groups'
     (:meth:`group_starts`). Writes in place (a recycled ``data.bp/`` is written into, see
@@ -187,6 +193,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         self.parameters = {**DEFAULT_PARAMETERS, **in_place, **given}
         chosen = any(key.lower() == "directio" for key in self.parameters)  # ADIOS2 ignores the case
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
+        self.read_parameters = {"DirectIO": "true"} if direct_io and DIRECT_READ in available else {}
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
 
     def write_parameters(self, directory: Path) -> dict[str, str]:
@@ -327,7 +334,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         path = directory / DIRECTORY_NAME
         if not path.is_dir():
             raise FileNotFoundError(f"{path} does not exist")
-        with BP5File(path, self.engine) as stored:
+        with BP5File(path, self.engine, self.read_parameters) as stored:
             for request in requests:
                 self._get(stored, path, request, landed)
 

@@ -69,7 +69,7 @@ def test_a_direct_step_reads_with_an_unpatched_adios2(tmp_path):
     assert reader.returncode == 0, reader.stderr[-3000:]
     report = json.loads(reader.stdout)
     assert report["file"].startswith(str(target)) and report["mpi"] is False
-    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE"}
+    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE", "BP5_DIRECT_READ"}
     assert not patches & set(report["features"])
     for name, array in (("small", state["small"].array), ("field", field)):
         shape, digest = report["read"][name]

@@ -3,8 +3,9 @@
 a step is written with BP5's ``DirectIO``, a page-aligned array from its own memory at
 a page-aligned place of the data file (padded after a small array); with
 ``direct_io=False``, a ``DirectIO`` of the user's, or a file system without
-``O_DIRECT``, through the page cache. Real BP5 files,
-one process (COMM_SELF)."""
+``O_DIRECT``, through the page cache. With ``BP5_DIRECT_READ``, a box read into
+page-aligned memory is read with ``O_DIRECT`` (none of it in the page cache afterwards).
+Real BP5 files, one process (COMM_SELF)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from hpckpt.model.manifest import Block, LeafRecord
 from hpckpt.storage import bp5, direct, open_backend
 from hpckpt.storage.adios2_c import features
 from hpckpt.storage.base import BlockData
+from tests.page_cache import cached_pages, evict
 
 PAGE = direct.ALIGNMENT
 
 
 def test_make_installs_adios2_has_the_bp5_patches() -> None:
-    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE"}
+    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE", "BP5_DIRECT_READ"}
     assert patches <= features(), sorted(features())
 
 
@@ -87,3 +89,42 @@ def test_a_file_system_without_o_direct_is_written_through_the_page_cache() -> N
         assert backend.write_parameters(shm)["DirectIO"] == "true"
     else:
         assert "DirectIO" not in backend.write_parameters(shm)
+
+
+def _read_back(directory: Path, backend: bp5.ADIOS2Backend, out: np.ndarray) -> int:
+    """Read the 2-D field ``u`` of the step in ``directory`` into ``out`` cold; how many
+    pages of its data file are in the page cache afterwards."""
+    data = directory / "data.bp" / "data.0"
+    evict(data)
+    record = LeafRecord("u", "distributed", out.dtype.str, out.shape, (Block(0, (0, 0), out.shape, "0"),))
+    placed = backend.layout([record])[0]
+    backend.read(directory, [BlockData(placed, placed.blocks[0], out)])
+    return cached_pages(data)
+
+
+def test_a_restore_reads_page_aligned_memory_with_o_direct(tmp_path: Path) -> None:
+    """With the feature BP5_DIRECT_READ, steps are read with BP5's DirectIO: a box of three
+    slabs read into page-aligned memory leaves none of the data file in the page cache;
+    read into memory 8 bytes off a page, or with ``direct_io=False``, it goes through the
+    cache. Every value is checked."""
+    from mpi4py import MPI
+
+    field = aligned_empty((1280, 4096), np.float64)  # 40 MiB, rows of 32 KiB: slabs of 16, 16 and 8 MiB
+    field[:] = np.random.default_rng(6).standard_normal(field.shape)
+    backend = open_backend("adios2")
+    assert backend.read_parameters == {"DirectIO": "true"}
+    block = Block(0, (0, 0), field.shape, "0")
+    placed = backend.layout([LeafRecord("u", "distributed", field.dtype.str, field.shape, (block,))])
+    backend.write(MPI.COMM_SELF, tmp_path, placed, [BlockData(placed[0], placed[0].blocks[0], field)])
+    aligned = aligned_empty(field.shape, field.dtype)
+    assert _read_back(tmp_path, backend, aligned) == 0
+    assert np.array_equal(aligned, field)
+    storage = aligned_empty((field.size + 1,), field.dtype)
+    shifted = storage[1:].reshape(field.shape)  # 8 bytes past a page
+    assert _read_back(tmp_path, backend, shifted) >= field.nbytes // PAGE
+    assert np.array_equal(shifted, field)
+    buffered = open_backend("adios2", {"direct_io": False})
+    assert buffered.read_parameters == {}
+    aligned[:] = 0
+    assert _read_back(tmp_path, buffered, aligned) >= field.nbytes // PAGE
+    assert np.array_equal(aligned, field)
