@@ -68,15 +68,16 @@ h5py_key="h5py-$H5PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $hdf5_setting $mpi
 # tools/adios2-patches/*.patch are applied to ADIOS2 before it is built: their content is
 # part of the key, so that changing a patch rebuilds the cached wheel
 adios2_patches=$(cat "$repo"/tools/adios2-patches/*.patch | md5sum | cut -c1-12)
-adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF patches=$adios2_patches")"
+adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF patches=$adios2_patches tools=bpls")"
 stamp_value="$mpi4py_key $h5py_key $adios2_key $(md5sum "$0" "$repo/setup.cfg" | md5sum | cut -c1-12)"
 stamp=$venv/.hpckpt-install-stamp
 
 check_imports() {
     "$venv/bin/python" - <<'PY'
-import h5py, adios2, mpi4py, numpy, pytest, hpckpt
+import pathlib, h5py, adios2, mpi4py, numpy, pytest, hpckpt
 assert h5py.get_config().mpi, "h5py was built without MPI"
 assert adios2.is_built_with_mpi, "adios2 was built without MPI"
+assert (pathlib.Path(adios2.__file__).parent / "bpls").is_file(), "adios2 was built without bpls"
 PY
 }
 
@@ -123,18 +124,29 @@ if ! compgen -G "$wheelhouse/$adios2_key/*.whl" >/dev/null; then
     src=$(mktemp -d)
     "${pip[@]}" download --no-deps --no-binary adios2 --no-build-isolation --no-cache-dir -d "$src" "adios2==$ADIOS2_VERSION"
     tar -xzf "$src"/adios2-*.tar.gz -C "$src"
-    detect=$(echo "$src"/adios2-*/cmake/DetectOptions.cmake)
-    "$venv/bin/python" - "$detect" <<'PY'
+    # Its pip mode also leaves out ADIOS2's command-line tools: build bpls (the lister that
+    # shows a step's variables and shapes) into the wheel, beside the libraries.
+    "$venv/bin/python" - "$(echo "$src"/adios2-*/)" <<'PY'
 import sys
-path = sys.argv[1]
-text = open(path).read()
-anchor = "set(ADIOS2_HAVE_PIP TRUE)"
-patch = ("\n  if(ADIOS2_HAVE_MPI)\n    find_package(PythonModule REQUIRED COMPONENTS"
-         " mpi4py mpi4py/mpi4py.h)\n  endif()\n")
-if anchor not in text:
-    sys.exit(f"install: {path}: anchor {anchor!r} not found; cannot enable mpi4py")
-if anchor + patch not in text:  # the same lines stand elsewhere in the file: match with the anchor
-    open(path, "w").write(text.replace(anchor, anchor + patch, 1))
+from pathlib import Path
+source = Path(sys.argv[1])
+edits = [
+    (source / "cmake/DetectOptions.cmake", "set(ADIOS2_HAVE_PIP TRUE)",
+     "\n  if(ADIOS2_HAVE_MPI)\n    find_package(PythonModule REQUIRED COMPONENTS"
+     " mpi4py mpi4py/mpi4py.h)\n  endif()\n"),
+    (source / "source/CMakeLists.txt", "if (NOT ADIOS2_USE_PIP)\n  add_subdirectory(utils)\n",
+     "else()\n  configure_file(utils/verinfo.h.in ${PROJECT_BINARY_DIR}/verinfo.h @ONLY)\n"
+     "  add_executable(bpls utils/bpls/bpls.cpp)\n"
+     "  target_link_libraries(bpls PUBLIC adios2_core adios2sys PRIVATE adios2::thirdparty::pugixml)\n"
+     "  target_include_directories(bpls PRIVATE ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}/bindings/C)\n"
+     "  install(TARGETS bpls RUNTIME DESTINATION ${CMAKE_INSTALL_LIBDIR})\n"),
+]
+for path, anchor, addition in edits:
+    text = path.read_text()
+    if anchor not in text:
+        sys.exit(f"install: {path}: anchor {anchor!r} not found; cannot patch the build")
+    if anchor + addition not in text:  # the same lines may stand elsewhere in the file: match with the anchor
+        path.write_text(text.replace(anchor, anchor + addition, 1))
 PY
     # BP5 changes kept as upstream-ready patches (tools/adios2-patches/README.md)
     for patch_file in "$repo"/tools/adios2-patches/*.patch; do
@@ -156,6 +168,8 @@ PY
     fi
 fi
 install_wheel "$adios2_key"
+ln -sf "$("$venv/bin/python" -c 'import adios2, pathlib; print(pathlib.Path(adios2.__file__).parent / "bpls")')" \
+    "$venv/bin/bpls"
 
 # --- 5. optional extras: torch (CPU) for the torch-tensor tests ------------------------
 # HPCKPT_WITH_TORCH=0 skips it; a failure only warns (those tests then skip, saying so).

@@ -1,4 +1,4 @@
-"""Checkpoints are readable without hpckpt: plain h5py, ``h5dump`` and ``adios2.FileReader``.
+"""Checkpoints are readable without hpckpt: plain h5py, ``h5dump``, ``adios2.FileReader`` and ``bpls``.
 
 A real 4-rank job saves a known state (tests/jobs/save_known_state.py); each plain
 reader runs in a fresh interpreter that never imports hpckpt and prints what it read.
@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,6 +153,30 @@ def test_h5dump_reads_the_global_field(tmp_path):
     body = dump.stdout.split("DATA {", 1)[1].split("}", 1)[0]
     values = np.array([float(token) for token in body.replace(",", " ").split()])
     assert values.tobytes() == expected(RANKS)["field"].ravel().tobytes()
+
+
+def test_bpls_lists_the_global_shapes_and_dumps_the_values(tmp_path):
+    """ADIOS2's own lister, which ``make install`` builds with ADIOS2 (``.venv/bin/bpls``),
+    shows each global array of a 4-rank step with its global shape and type, the pack as a
+    local array of one block per rank, and dumps the field and the table bit for bit."""
+    import adios2
+
+    bpls = Path(adios2.__file__).parent / "bpls"
+    data = save_known_state(tmp_path / "adios2", "adios2") / "data.bp"
+    listing = run_group([str(bpls), str(data)], timeout=JOB_TIMEOUT)
+    assert listing.returncode == 0, listing.stderr
+    lines = [line.split() for line in listing.stdout.splitlines() if line.strip()]
+    shown = {words[1]: (words[0], " ".join(words[2:])) for words in lines}
+    assert shown == {"field": ("double", f"{{{ROWS}, {COLS}}}"), "table": ("double", "{7}"),
+                     "__hpckpt__/packed": ("uint8_t", f"[{RANKS}]*{{__}}")}, listing.stdout
+    arrays = expected(RANKS)
+    for name in ("field", "table"):
+        dump = run_group([str(bpls), "-d", str(data), name, "-f", "%.17g"], timeout=JOB_TIMEOUT)
+        assert dump.returncode == 0, dump.stderr
+        # after the heading, a line per row: "(row,0)  values..."
+        rows = [line.split(")", 1)[1] for line in dump.stdout.splitlines()[1:] if line.strip()]
+        values = np.array([float(token) for row in rows for token in row.split()])
+        assert values.tobytes() == arrays[name].ravel().tobytes(), dump.stdout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
