@@ -69,15 +69,17 @@ h5py_key="h5py-$H5PY_VERSION-$py_tag-$(key_of "$MPICC $mpi_id $hdf5_setting $mpi
 # part of the key, so that changing a patch rebuilds the cached wheel
 adios2_patches=$(cat "$repo"/tools/adios2-patches/*.patch | md5sum | cut -c1-12)
 adios2_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF patches=$adios2_patches tools=bpls")"
-stamp_value="$mpi4py_key $h5py_key $adios2_key $(md5sum "$0" "$repo/setup.cfg" | md5sum | cut -c1-12)"
+adios2_unpatched_key="adios2-$ADIOS2_VERSION-$py_tag-$(key_of "$MPICC $MPICXX $mpi_id $mpi4py_key MPI=ON SST=OFF patches=none")"
+stamp_value="$mpi4py_key $h5py_key $adios2_key $adios2_unpatched_key $(md5sum "$0" "$repo/setup.cfg" | md5sum | cut -c1-12)"
 stamp=$venv/.hpckpt-install-stamp
 
 check_imports() {
     "$venv/bin/python" - <<'PY'
-import pathlib, h5py, adios2, mpi4py, numpy, pytest, hpckpt
+import pathlib, sys, h5py, adios2, mpi4py, numpy, pytest, hpckpt
 assert h5py.get_config().mpi, "h5py was built without MPI"
 assert adios2.is_built_with_mpi, "adios2 was built without MPI"
 assert (pathlib.Path(adios2.__file__).parent / "bpls").is_file(), "adios2 was built without bpls"
+assert (pathlib.Path(sys.prefix) / "adios2-unpatched" / "adios2").is_dir(), "no unpatched adios2 for the tests"
 PY
 }
 
@@ -118,18 +120,25 @@ install_wheel "$mpi4py_key"
 CC=$MPICC HDF5_MPI=ON build_wheel "$h5py_key" -- --no-binary h5py "h5py==$H5PY_VERSION"
 install_wheel "$h5py_key"
 
-if ! compgen -G "$wheelhouse/$adios2_key/*.whl" >/dev/null; then
+# build_adios2 KEY PATCHED: ADIOS2 with MPI into the wheelhouse under KEY, unless there;
+# PATCHED=1 with tools/adios2-patches and bpls, 0 as released (the unpatched one the tests
+# also run hpckpt with, as on a site whose ADIOS2 module lacks the patches).
+build_adios2() {
+    local key=$1 patched=$2 src
+    if compgen -G "$wheelhouse/$key/*.whl" >/dev/null; then
+        return
+    fi
     # The sdist's pip mode never looks for mpi4py, which silently drops the Python
     # bindings when MPI is on (see docs/install.md); patch it before building.
     src=$(mktemp -d)
     "${pip[@]}" download --no-deps --no-binary adios2 --no-build-isolation --no-cache-dir -d "$src" "adios2==$ADIOS2_VERSION"
     tar -xzf "$src"/adios2-*.tar.gz -C "$src"
-    # Its pip mode also leaves out ADIOS2's command-line tools: build bpls (the lister that
-    # shows a step's variables and shapes) into the wheel, beside the libraries.
-    "$venv/bin/python" - "$(echo "$src"/adios2-*/)" <<'PY'
+    # Its pip mode also leaves out ADIOS2's command-line tools: the patched build gets bpls
+    # (the lister that shows a step's variables and shapes), beside the libraries.
+    "$venv/bin/python" - "$(echo "$src"/adios2-*/)" "$patched" <<'PY'
 import sys
 from pathlib import Path
-source = Path(sys.argv[1])
+source, patched = Path(sys.argv[1]), sys.argv[2] == "1"
 edits = [
     (source / "cmake/DetectOptions.cmake", "set(ADIOS2_HAVE_PIP TRUE)",
      "\n  if(ADIOS2_HAVE_MPI)\n    find_package(PythonModule REQUIRED COMPONENTS"
@@ -141,35 +150,42 @@ edits = [
      "  target_include_directories(bpls PRIVATE ${PROJECT_BINARY_DIR} ${PROJECT_SOURCE_DIR}/bindings/C)\n"
      "  install(TARGETS bpls RUNTIME DESTINATION ${CMAKE_INSTALL_LIBDIR})\n"),
 ]
-for path, anchor, addition in edits:
+for path, anchor, addition in edits[: 2 if patched else 1]:
     text = path.read_text()
     if anchor not in text:
         sys.exit(f"install: {path}: anchor {anchor!r} not found; cannot patch the build")
     if anchor + addition not in text:  # the same lines may stand elsewhere in the file: match with the anchor
         path.write_text(text.replace(anchor, anchor + addition, 1))
 PY
-    # BP5 changes kept as upstream-ready patches (tools/adios2-patches/README.md)
-    for patch_file in "$repo"/tools/adios2-patches/*.patch; do
-        if ! patch -p1 --forward --batch --quiet -d "$(echo "$src"/adios2-*/)" <"$patch_file"; then
-            say "$patch_file does not apply to ADIOS2 $ADIOS2_VERSION" >&2
-            exit 1
-        fi
-    done
-    CC=$MPICC CXX=$MPICXX CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) build_wheel "$adios2_key" -- \
+    if [ "$patched" = 1 ]; then
+        # BP5 changes kept as upstream-ready patches (tools/adios2-patches/README.md)
+        for patch_file in "$repo"/tools/adios2-patches/*.patch; do
+            if ! patch -p1 --forward --batch --quiet -d "$(echo "$src"/adios2-*/)" <"$patch_file"; then
+                say "$patch_file does not apply to ADIOS2 $ADIOS2_VERSION" >&2
+                exit 1
+            fi
+        done
+    fi
+    CC=$MPICC CXX=$MPICXX CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) build_wheel "$key" -- \
         -C cmake.define.ADIOS2_USE_MPI=ON -C cmake.define.ADIOS2_USE_SST=OFF \
         -C cmake.define.ADIOS2_USE_CURL=OFF -C cmake.define.ADIOS2_USE_OpenSSL=OFF \
         -C cmake.define.ADIOS2_USE_Fortran=OFF -C cmake.define.BUILD_TESTING=OFF \
         "$(echo "$src"/adios2-*/)"
     rm -rf "$src"
-    if ! "$venv/bin/python" -c 'import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(not any(n.startswith("adios2/bindings/") for n in names))' "$wheelhouse/$adios2_key"/*.whl; then
-        rm -rf "${wheelhouse:?}/$adios2_key"
-        say "the ADIOS2 wheel has no Python bindings (see $wheelhouse/$adios2_key.log: 'Python : OFF'?)" >&2
+    if ! "$venv/bin/python" -c 'import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(not any(n.startswith("adios2/bindings/") for n in names))' "$wheelhouse/$key"/*.whl; then
+        rm -rf "${wheelhouse:?}/$key"
+        say "the ADIOS2 wheel has no Python bindings (see $wheelhouse/$key.log: 'Python : OFF'?)" >&2
         exit 1
     fi
-fi
+}
+
+build_adios2 "$adios2_key" 1
 install_wheel "$adios2_key"
 ln -sf "$("$venv/bin/python" -c 'import adios2, pathlib; print(pathlib.Path(adios2.__file__).parent / "bpls")')" \
     "$venv/bin/bpls"
+build_adios2 "$adios2_unpatched_key" 0
+rm -rf "$venv/adios2-unpatched"  # put first on PYTHONPATH by the tests that run without the patches
+"${pip[@]}" install --no-deps --target "$venv/adios2-unpatched" "$wheelhouse/$adios2_unpatched_key"/*.whl
 
 # --- 5. optional extras: torch (CPU) for the torch-tensor tests ------------------------
 # HPCKPT_WITH_TORCH=0 skips it; a failure only warns (those tests then skip, saying so).

@@ -2,17 +2,21 @@
 array from its own memory, at a padded place of the data file) over the data file of a
 larger deleted step (in place, cut to size at close) is a standard BP5 file: PyPI's
 adios2 wheel, built without hpckpt's patches, reads it in a fresh interpreter that
-never imports hpckpt."""
+never imports hpckpt. And hpckpt itself runs on an unpatched ADIOS2 with MPI (the one
+``make install`` builds beside the patched one), whose steps and the patched one's
+restore across."""
 
 import hashlib
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from hpckpt.buffers.host import aligned_empty
 from hpckpt.storage import open_backend
+from tests.fault.helpers import JOB_TIMEOUT
 from tests.processes import run_group
 
 ADIOS2_WHEEL = "adios2==2.12.1.1001"  # PyPI's: serial, unpatched
@@ -74,3 +78,35 @@ def test_a_direct_step_reads_with_an_unpatched_adios2(tmp_path):
     for name, array in (("small", state["small"].array), ("field", field)):
         shape, digest = report["read"][name]
         assert shape == list(array.shape) and digest == hashlib.sha256(array.tobytes()).hexdigest()
+
+
+UNPATCHED = Path(sys.prefix) / "adios2-unpatched"  # make install's ADIOS2 2.12.1 as released, with MPI
+ALL_PATCHES = ["BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_DIRECT_READ", "BP5_IN_PLACE_WRITE"]
+
+
+def _roundtrip(directory: Path, mode: str, unpatched: bool) -> dict:
+    """tests/jobs/adios2_roundtrip.py on 2 ranks, with the unpatched ADIOS2 first on the path or not."""
+    env = {**os.environ, "PYTHONPATH": str(UNPATCHED)} if unpatched else None
+    command = ["mpiexec", "-n", "2", sys.executable, "-m", "tests.jobs.adios2_roundtrip",
+               str(directory), mode]
+    result = run_group(command, timeout=JOB_TIMEOUT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_hpckpt_works_with_an_unpatched_adios2_and_its_steps_read_across(tmp_path):
+    """hpckpt with the ADIOS2 a site's module would give (released 2.12.1 with MPI, none of
+    hpckpt's patches): it finds no patch, writes and reads through the page cache, saves
+    three steps (the third into a recycled data.bp/) and restores the newest bit for bit.
+    The patched ADIOS2 restores those steps, and the unpatched one restores the patched
+    one's, written and read with DirectIO."""
+    plain = _roundtrip(tmp_path / "unpatched", "write", unpatched=True)
+    assert plain["library"].startswith(str(UNPATCHED)) and plain["patches"] == []
+    assert plain["writes_direct"] is False and plain["reads_direct"] is False
+    assert plain["step"] == 3 and plain["steps"] == ["step-00000003"]
+    across = _roundtrip(tmp_path / "unpatched", "read", unpatched=False)
+    assert across["patches"] == ALL_PATCHES and across["reads_direct"] is True and across["step"] == 3
+    patched = _roundtrip(tmp_path / "patched", "write", unpatched=False)
+    assert patched["writes_direct"] is True and patched["step"] == 3
+    back = _roundtrip(tmp_path / "patched", "read", unpatched=True)
+    assert back["library"].startswith(str(UNPATCHED)) and back["patches"] == [] and back["step"] == 3
