@@ -157,8 +157,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         the feature (a site's module) copies every Put with ``DirectIO``, which measured
         slower than the page cache: it writes through the page cache. False: always
         through the page cache. A ``DirectIO`` in ``parameters`` wins. Reads, where the
-        loaded ADIOS2 lists :data:`~hpckpt.storage.adios2_c.DIRECT_READ`, open steps with
-        ``DirectIO`` (:attr:`read_parameters`): BP5 then reads the slabs of a box that
+        loaded ADIOS2 lists :data:`~hpckpt.storage.adios2_c.DIRECT_READ` (and unless
+        ``parameters`` set ``DirectIO`` off), open steps with ``DirectIO``
+        (:attr:`read_parameters`): BP5 then reads the slabs of a box that
         land in page-aligned memory (the arrays a restore allocates, an application's
         aligned arrays) with ``O_DIRECT``, and the rest through the page cache, whose
         read-ahead serves many small unaligned boxes (a torch state's) better than
@@ -191,9 +192,10 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         in_place = IN_PLACE_PARAMETERS if IN_PLACE_WRITE in available else {}
         given = {str(k): str(v) for k, v in (parameters or {}).items()}
         self.parameters = {**DEFAULT_PARAMETERS, **in_place, **given}
-        chosen = any(key.lower() == "directio" for key in self.parameters)  # ADIOS2 ignores the case
+        chosen = [value for key, value in self.parameters.items() if key.lower() == "directio"]  # any case
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
-        self.read_parameters = {"DirectIO": "true"} if direct_io and DIRECT_READ in available else {}
+        reads_direct = bool(direct_io) and (not chosen or chosen[-1].lower() in ("true", "on"))
+        self.read_parameters = {"DirectIO": "true"} if reads_direct and DIRECT_READ in available else {}
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
 
     def write_parameters(self, directory: Path) -> dict[str, str]:

@@ -74,7 +74,7 @@ def test_direct_io_off_or_set_by_the_user_writes_through_the_page_cache(tmp_path
     array = aligned_empty((1 << 20,), np.float64)
     array[:] = np.arange(array.size) * 0.5
     backend = _save(tmp_path, array, **options)
-    assert not backend.direct_io
+    assert not backend.direct_io and backend.read_parameters == {}
     assert backend.write_parameters(tmp_path).get("DirectIO", "false") == "false"
     assert _place_in_data_file(tmp_path, array) % PAGE != 0  # right after the small array
 
