@@ -148,8 +148,9 @@ def write_plain_adios2(comm: MPI.Comm, path: Path, block: np.ndarray, parameters
     """Plain ADIOS2 BP5 used as its documentation recommends: this rank's rows of one
     global array in a deferred ``Put`` (BP5 writes them from ``block`` when the step
     ends, with no copy into its buffer), then each rank fsyncs the subfile ``data.<rank>``
-    (its own with ``AggregationType=EveryoneWrites``) and rank 0 every other file.
-    Collective.
+    where there is one and rank 0 every other file. With ``AggregationType=EveryoneWrites``
+    every rank writes its own bytes, into one subfile per node (``NumAggregators`` left at
+    0): on one node ``data.0``, which rank 0 fsyncs. Collective.
     """
     import adios2
 

@@ -16,8 +16,8 @@ measured in the same run:
   so nothing is recycled), against the faster of two raw file-per-rank writes of a new
   file (``pwrite`` + fsync, and a copy into page-aligned memory + one ``O_DIRECT``
   ``pwrite`` + fsync), with ``numpy.save`` per rank, plain h5py (collective), plain ADIOS2 BP5
-  as its documentation recommends (a deferred ``Put``, every rank its own subfile, each
-  fsyncing its own: :func:`common.write_plain_adios2`) and ``torch.distributed.checkpoint``
+  as its documentation recommends (a deferred ``Put``, every rank writing its own bytes,
+  the subfiles fsync'd: :func:`common.write_plain_adios2`) and ``torch.distributed.checkpoint``
   (gloo) in the same situation;
 - ``save_in_place``: the same array saved over the files of an earlier save (hpckpt with
   ``keep=1``, which recycles the deleted step's files), against the faster of the two

@@ -15,9 +15,10 @@ Layout of ``data.bp`` (readable with plain ``adios2.FileReader``):
 - each variable has the attribute ``hpckpt_kind``.
 
 Writes go through ADIOS2's C API with the engine parameters of the backend. The
-defaults (:data:`DEFAULT_PARAMETERS`) make every rank write its own subfile
-(``AggregationType=EveryoneWrites``): on one node that is twice as fast as BP5's
-default shared-memory aggregation into one file (docs/performance.md). At thousands of
+defaults (:data:`DEFAULT_PARAMETERS`) make every rank write its own bytes into its
+node's subfile (``AggregationType=EveryoneWrites``; ``NumAggregators`` left at 0, one
+subfile per node): on one node that is twice as fast as BP5's default shared-memory
+aggregation, where one rank gathers and writes the others' data (docs/performance.md). At thousands of
 ranks, pass ``{"NumAggregators": "<ranks per node or fewer>"}`` or
 ``{"AggregationType": "TwoLevelShm"}`` to spare the file system's metadata servers.
 ``StatsLevel=0``: BP5 keeps no min/max of each block (hpckpt's checksums cover the

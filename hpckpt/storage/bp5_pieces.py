@@ -67,7 +67,7 @@ class BlockPut:
 def writes_in_pieces(parameters: Mapping[str, str]) -> bool:
     """Whether steps written with the engine ``parameters`` put large unaligned blocks in
     pieces (:func:`goes_in_pieces`): where BP5 writes aligned Puts from their memory
-    (``DirectIO``, each rank writing its own subfile, no ``AsyncWrite``) and the loaded
+    (``DirectIO``, each rank writing its own bytes, no ``AsyncWrite``) and the loaded
     ADIOS2 can write within a step. Alike on every rank of a step.
     """
     lowered = {key.lower(): value.lower() for key, value in parameters.items()}
