@@ -91,14 +91,12 @@ def test_a_file_system_without_o_direct_is_written_through_the_page_cache() -> N
         assert "DirectIO" not in backend.write_parameters(shm)
 
 
-def _read_back(directory: Path, backend: bp5.ADIOS2Backend, out: np.ndarray) -> int:
-    """Read the 2-D field ``u`` of the step in ``directory`` into ``out`` cold; how many
-    pages of its data file are in the page cache afterwards."""
+def _read_back(directory: Path, backend: bp5.ADIOS2Backend, record: LeafRecord, out: np.ndarray) -> int:
+    """Read the one block of laid-out ``record`` of the step in ``directory`` into ``out``
+    cold; how many pages of its data file are in the page cache afterwards."""
     data = directory / "data.bp" / "data.0"
     evict(data)
-    record = LeafRecord("u", "distributed", out.dtype.str, out.shape, (Block(0, (0, 0), out.shape, "0"),))
-    placed = backend.layout([record])[0]
-    backend.read(directory, [BlockData(placed, placed.blocks[0], out)])
+    backend.read(directory, [BlockData(record, record.blocks[0], out)])
     return cached_pages(data)
 
 
@@ -114,17 +112,17 @@ def test_a_restore_reads_page_aligned_memory_with_o_direct(tmp_path: Path) -> No
     backend = open_backend("adios2")
     assert backend.read_parameters == {"DirectIO": "true"}
     block = Block(0, (0, 0), field.shape, "0")
-    placed = backend.layout([LeafRecord("u", "distributed", field.dtype.str, field.shape, (block,))])
-    backend.write(MPI.COMM_SELF, tmp_path, placed, [BlockData(placed[0], placed[0].blocks[0], field)])
+    (placed,) = backend.layout([LeafRecord("u", "distributed", field.dtype.str, field.shape, (block,))])
+    backend.write(MPI.COMM_SELF, tmp_path, [placed], [BlockData(placed, placed.blocks[0], field)])
     aligned = aligned_empty(field.shape, field.dtype)
-    assert _read_back(tmp_path, backend, aligned) == 0
+    assert _read_back(tmp_path, backend, placed, aligned) == 0
     assert np.array_equal(aligned, field)
     storage = aligned_empty((field.size + 1,), field.dtype)
     shifted = storage[1:].reshape(field.shape)  # 8 bytes past a page
-    assert _read_back(tmp_path, backend, shifted) >= field.nbytes // PAGE
+    assert _read_back(tmp_path, backend, placed, shifted) >= field.nbytes // PAGE
     assert np.array_equal(shifted, field)
     buffered = open_backend("adios2", {"direct_io": False})
     assert buffered.read_parameters == {}
     aligned[:] = 0
-    assert _read_back(tmp_path, buffered, aligned) >= field.nbytes // PAGE
+    assert _read_back(tmp_path, buffered, placed, aligned) >= field.nbytes // PAGE
     assert np.array_equal(aligned, field)
