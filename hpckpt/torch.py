@@ -3,9 +3,10 @@ and torch.distributed started from MPI.
 
 :func:`init_process_group` hands torch.distributed its rank, world size and address from
 an MPI communicator, so that a script launched with ``mpiexec`` or ``srun`` needs no
-torchrun. :class:`TrainingState` holds a model (plain or wrapped in ``DistributedDataParallel``),
-its optimizers, learning-rate schedulers and, by default, the random number generators
-of torch, NumPy and Python on each rank. Saved, it is a tree of hpckpt leaves over the
+torchrun; :func:`destroy_process_group` ends it. :class:`TrainingState` holds a model
+(plain or wrapped in ``DistributedDataParallel``), its optimizers, learning-rate
+schedulers and, by default, the random number generators of torch, NumPy and Python on
+each rank. Saved, it is a tree of hpckpt leaves over the
 live tensors (no copy): parameters, buffers and optimizer state as ``Replicated`` leaves
 (every data-parallel rank holds the same; each rank writes a share, and a restore reads
 each byte from storage once), or, sharded with FSDP2 (``DTensor``), as Distributed leaves
@@ -25,10 +26,13 @@ fresh one. torch is imported here only; the rest of hpckpt never needs it.
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import os
 import random
 import socket
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +64,8 @@ def init_process_group(backend: str = "gloo", comm: MPI.Comm | None = None, *, h
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set in each
     process's environment, as torchrun sets them, for the libraries that read them. With
     a CUDA backend (``"nccl"``), each rank's current CUDA device is its local rank
-    (modulo the devices it sees).
+    (modulo the devices it sees). End with :func:`destroy_process_group`; at exit,
+    :func:`release_process_groups` runs while the interpreter is still whole.
 
     Parameters
     ----------
@@ -120,7 +125,75 @@ def init_process_group(backend: str = "gloo", comm: MPI.Comm | None = None, *, h
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     dist.init_process_group(backend, store=store[0], rank=comm.rank, world_size=comm.size,
                             **waited, **options)
+    atexit.unregister(release_process_groups)  # once, however often the group is started
+    atexit.register(release_process_groups)
     return local_rank
+
+
+def destroy_process_group(comm: MPI.Comm | None = None) -> None:
+    """End what :func:`init_process_group` started. Collective: every rank of ``comm``
+    calls it, after its last torch.distributed call.
+
+    The ranks meet in a barrier (no rank tears its backend down while another still
+    talks to it), call ``torch.distributed.destroy_process_group``, let go of the process
+    group (:func:`release_process_groups`) and meet again over MPI, so that rank 0, which
+    hosts the rendezvous store, outlives every rank's teardown.
+
+    Parameters
+    ----------
+    comm
+        The communicator given to :func:`init_process_group` (default ``COMM_WORLD``).
+    """
+    import torch.distributed as dist
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    release_process_groups()
+    comm.Barrier()
+
+
+def release_process_groups() -> None:
+    """Let go of destroyed process groups that only torch's own caches still hold, so that
+    their threads (gloo's loops, rank 0's rendezvous store) end now. Not collective.
+
+    A model sharded with FSDP2 or DTensor holds its device mesh, and the mesh its process
+    group; DTensor's caches of sharding plans hold the mesh too, until the interpreter
+    exits. torch tearing those threads down during interpreter finalization can abort
+    the process ("terminate called without an active exception"). This empties those
+    caches and collects the garbage. :func:`init_process_group` registers it to run at
+    exit, before the interpreter is taken apart; :func:`destroy_process_group` calls it
+    too.
+    """
+    _clear_dtensor_caches()
+    gc.collect()
+
+
+_DTENSOR_MESH_CACHES = (
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos"),
+    ("torch.distributed.tensor._redistribute", "_planner_cache"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh"),
+)
+"""Caches of torch's DTensor that hold device meshes, by module and attribute: private to
+torch, so each is emptied only where this torch has it."""
+
+
+def _clear_dtensor_caches() -> None:
+    """Empty DTensor's caches that hold device meshes, where DTensor was imported."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor import debug
+
+    getattr(debug, "_clear_sharding_prop_cache", lambda: None)()
+    for module, attribute in _DTENSOR_MESH_CACHES:
+        found: Any = sys.modules.get(module)
+        for name in attribute.split("."):
+            found = getattr(found, name, None)
+        clear = getattr(found, "cache_clear", None) or getattr(found, "clear", None)
+        if clear is not None:
+            clear()
 
 
 class TrainingState:

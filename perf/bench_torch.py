@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from mpi4py import MPI
 from suite_io import BACKENDS, WARM_UP, drop_cache, measure
@@ -354,9 +353,7 @@ def main() -> None:
     results["plans_gathered"] = cases.pop("plans_gathered")
     results["cases"] = cases
     results["goal_met"] = goal_met(cases)
-    dist.barrier()
-    dist.destroy_process_group()
-    comm.Barrier()
+    hpckpt.torch.destroy_process_group(comm)
     if comm.rank == 0:
         show("first save into a new directory", cases["first_save"]["ways"])
         show("first save of a relaunched job", cases["restart_save"]["ways"])

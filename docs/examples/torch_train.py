@@ -117,9 +117,7 @@ def main() -> None:
     if comm.rank == 0:
         print(f"torch_train: step {args.steps} best_val_loss {best:.6f} "
               f"weights {hashlib.sha256(weights).hexdigest()}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
+    hpckpt.torch.destroy_process_group(comm)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,17 @@ def test_a_killed_transformer_training_resumes_bit_for_bit(tmp_path):
 
 
 FSDP_JOB = Path(__file__).resolve().parents[1] / "jobs" / "torch_fsdp.py"
+THREADS = re.compile(r"^fsdp: rank (\d+) threads before=\[(.*)\] exit=\[(.*)\]$", re.MULTILINE)
+
+
+def assert_torch_threads_end_before_exit(stdout: str, ranks: int) -> None:
+    """Each rank had gloo's threads (rank 0 the store's too) before
+    hpckpt.torch.destroy_process_group, and none is left when the interpreter is taken
+    apart (torch tearing them down then can abort the process)."""
+    threads = {int(rank): (before, left) for rank, before, left in THREADS.findall(stdout)}
+    assert sorted(threads) == list(range(ranks)), stdout
+    assert all("pt_gloo_runloop" in before and left == "" for before, left in threads.values()), threads
+    assert "pt_tcpstore_uv" in threads[0][0], threads
 
 
 def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp_path):
@@ -59,6 +70,7 @@ def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp
         ["mpiexec", "-n", "2", sys.executable, str(FSDP_JOB), "--save", str(tmp_path)], timeout=JOB_TIMEOUT
     )
     assert saved.returncode == 0, (saved.stdout[-2000:], saved.stderr[-3000:])
+    assert_torch_threads_end_before_exit(saved.stdout, 2)
     inspected = run_group(
         [sys.executable, "-m", "hpckpt", "inspect", str(tmp_path / "ckpt"), "--json"], timeout=JOB_TIMEOUT
     )
@@ -72,3 +84,4 @@ def test_an_fsdp2_sharded_training_state_restores_on_another_number_of_ranks(tmp
     )
     assert checked.returncode == 0, (checked.stdout[-2000:], checked.stderr[-3000:])
     assert "fsdp: restored step 6 on 3 ranks: 16 tensors bit for bit" in checked.stdout
+    assert_torch_threads_end_before_exit(checked.stdout, 3)

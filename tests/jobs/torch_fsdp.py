@@ -7,16 +7,20 @@ optimizer moment, whole, to DIR/expected.npz. ``--check DIR``: build the same mo
 sharded over this job's ranks, restore (the per-rank RNG states of rank ``r % saved``),
 and compare every whole tensor bit for bit with expected.npz; then train 2 more steps.
 Prints ``fsdp: restored step 6 on N ranks: K tensors bit for bit``.
+
+Each rank also prints the threads of torch.distributed (gloo's, the rendezvous store's)
+alive before hpckpt.torch.destroy_process_group and those left at exit, after hpckpt's
+exit hook: ``fsdp: rank R threads before=[...] exit=[...]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed.fsdp import fully_shard
 
@@ -24,6 +28,12 @@ import hpckpt
 import hpckpt.torch
 
 SAVED_RANKS = 2
+
+
+def torch_threads() -> list[str]:
+    """The names of this process's threads that torch.distributed started."""
+    names = (task.joinpath("comm").read_text().strip() for task in Path("/proc/self/task").iterdir())
+    return sorted(name for name in names if name.startswith(("pt_gloo", "gloo", "pt_tcpstore")))
 
 
 def whole(tensor: torch.Tensor) -> np.ndarray:
@@ -54,6 +64,10 @@ def main() -> int:
     mode.add_argument("--check")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
+    before: list[str] = []
+    # registered before hpckpt's exit hook, so it runs after it
+    atexit.register(lambda: print(f"fsdp: rank {comm.rank} threads before={before} exit={torch_threads()}",
+                                  flush=True))
     hpckpt.torch.init_process_group("gloo", comm)
     torch.manual_seed(0 if args.save else 7)  # the check starts from other weights
     model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
@@ -84,9 +98,8 @@ def main() -> int:
                     f"fsdp: restored step {step} on {comm.size} ranks: {count} tensors bit for bit",
                     flush=True,
                 )
-    dist.barrier()  # no rank tears gloo down while another still talks to it
-    dist.destroy_process_group()
-    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
+    before.extend(torch_threads())
+    hpckpt.torch.destroy_process_group(comm)
     return 0
 
 

@@ -52,9 +52,7 @@ def main() -> int:
     if comm.rank == 0:
         print(f"torch_launch: ranks={dist.get_world_size()} sum={total.item():g} "
               f"local_ranks={','.join(map(str, local_ranks))} saved={','.join(map(str, saved))}", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
+    hpckpt.torch.destroy_process_group(comm)
     return 0
 
 

@@ -18,7 +18,6 @@ import signal
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from mpi4py import MPI
 
 import hpckpt
@@ -93,9 +92,7 @@ def main() -> int:
             f"loss={loss.item()!r} checksum={digest}",
             flush=True,
         )
-    dist.barrier()  # no rank tears gloo down while another still talks to it
-    dist.destroy_process_group()
-    MPI.COMM_WORLD.Barrier()  # rank 0 hosts the rendezvous store: it outlives every rank's teardown
+    hpckpt.torch.destroy_process_group(comm)
     return 0
 
 
