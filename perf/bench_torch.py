@@ -17,6 +17,12 @@ as its documentation shows (``get_state_dict``, ``dcp.save`` with
 ``FileSystemWriter(sync_files=True)``, so durable as hpckpt's, ``dcp.async_save``,
 ``dcp.load`` + ``set_state_dict``).
 
+Beside them, ``plain-adios2`` (:class:`PlainBP5`) does the same work with plain ADIOS2
+BP5 as its documentation recommends (each tensor a global array put deferred by the rank
+that writes it, every rank reading every tensor back): in the first save into a new
+directory and in the cold restore, what BP5 itself takes next to hpckpt's adios2
+backend.
+
 Every case runs ``--repeat`` timed rounds after two untimed ones (``perf/suite_io.py``'s
 ``measure``: the ways interleaved within a round, a file-system sync before each, the
 slowest rank's seconds); before every save the model takes an optimizer step (same
@@ -67,7 +73,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import hpckpt
 import hpckpt.torch
 
-from common import fresh_directory, fsync_tree
+from common import fresh_directory, fsync_tree, read_plain_bp5, write_plain_bp5
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.jobs.torch_transformer import TinyTransformer
@@ -115,6 +121,39 @@ class Training:
         dcp.load(state, checkpoint_id=str(directory))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+
+
+class PlainBP5:
+    """The state's tensors with plain ADIOS2 BP5, as its documentation recommends (see
+    ``common.write_plain_bp5``): each tensor a 1-D global array written whole by one
+    rank (the ranks share the bytes evenly, as DCP and hpckpt do) and read whole by
+    every rank (as DCP's load reads), straight into the live tensors. What BP5 itself
+    takes for the work hpckpt's adios2 backend does.
+    """
+
+    def __init__(self, comm: MPI.Comm, training: Training) -> None:
+        from hpckpt.storage.bp5 import DEFAULT_PARAMETERS
+
+        self.comm, self.training, self.parameters = comm, training, DEFAULT_PARAMETERS
+        loads = [0] * comm.size
+        self.owners = []  # the rank writing each tensor: the one with the fewest bytes so far
+        for tensor in training.tensors():
+            owner = loads.index(min(loads))
+            self.owners.append(owner)
+            loads[owner] += tensor.numel() * tensor.element_size()
+
+    def arrays(self) -> dict[str, Any]:
+        """Each tensor of the state as a flat NumPy view of its memory, by variable name."""
+        return {f"t{index}": tensor.detach().numpy().reshape(-1)
+                for index, tensor in enumerate(self.training.tensors())}
+
+    def save(self, path: Path) -> None:
+        mine = {name: (array, [array.size], [0]) for (name, array), owner
+                in zip(self.arrays().items(), self.owners) if owner == self.comm.rank}
+        write_plain_bp5(self.comm, path, mine, self.parameters)
+
+    def load(self, path: Path) -> None:
+        read_plain_bp5(path, self.arrays())
 
 
 def remove(comm: MPI.Comm, path: Path) -> None:
@@ -180,7 +219,9 @@ def saves(comm: MPI.Comm, training: Training, root: Path, repeat: int,
     def dcp_save() -> None:
         dcp.save(training.dcp_state(), storage_writer=FileSystemWriter(root / "dcp-save", sync_files=True))
 
-    ways: dict[str, Callable[[], object]] = {"torch-dcp": dcp_save}
+    plain = PlainBP5(comm, training)
+    ways: dict[str, Callable[[], object]] = {"torch-dcp": dcp_save,
+                                             "plain-adios2": lambda: plain.save(root / "plain-save.bp")}
     cases: dict[str, tuple[str, str]] = {}
     for name in BACKENDS:
         for case in SAVE_CASES:
@@ -188,8 +229,8 @@ def saves(comm: MPI.Comm, training: Training, root: Path, repeat: int,
             ways[way], cases[way] = (lambda case=case, name=name: save(case, name)), (case, name)
 
     def before(way: str) -> None:  # untimed: what the way's situation needs, then a training step
-        if way == "torch-dcp":
-            remove(comm, root / "dcp-save")
+        if way in ("torch-dcp", "plain-adios2"):
+            remove(comm, root / ("dcp-save" if way == "torch-dcp" else "plain-save.bp"))
         elif cases[way] in opened:
             previous = opened.pop(cases[way])
             previous.close()
@@ -209,8 +250,10 @@ def saves(comm: MPI.Comm, training: Training, root: Path, repeat: int,
     for case, situation in SAVE_CASES.items():
         hpckpt_ways = {f"hpckpt-{cases[way][1]}": values for way, values in seconds.items()
                        if way in cases and cases[way][0] == case}
+        plain_way = {"plain-adios2": seconds["plain-adios2"]} if case == "first_save" else {}
         results[case] = {"situation": situation,
-                         "ways": ratios({"torch-dcp": seconds["torch-dcp"]} | hpckpt_ways, "torch-dcp")}
+                         "ways": ratios({"torch-dcp": seconds["torch-dcp"]} | plain_way | hpckpt_ways,
+                                        "torch-dcp")}
     for name in BACKENDS:
         results["first_save"]["ways"][f"hpckpt-{name}"]["open_s"] = slowest(comm, open_s[name][WARM_UP:])
     results["phases"] = {name: {case: phase_medians(comm, phases[case, name][WARM_UP:])
@@ -264,10 +307,14 @@ def cold_restore(comm: MPI.Comm, training: Training, root: Path, repeat: int,
     step = next(steps)
     for checkpointer in later.values():
         checkpointer.save(step, training.state)
+    plain = PlainBP5(comm, training)
+    plain.save(root / "plain-restore.bp")
     saved = [tensor.clone() for tensor in training.tensors()]
-    sources = {"torch-dcp": root / "dcp-restore"} | {f"hpckpt-{name}": checkpointer.run_dir.root
-                                                     for name, checkpointer in later.items()}
-    ways: dict[str, Callable[[], object]] = {"torch-dcp": lambda: training.dcp_load(root / "dcp-restore")}
+    sources = {"torch-dcp": root / "dcp-restore", "plain-adios2": root / "plain-restore.bp"} | {
+        f"hpckpt-{name}": checkpointer.run_dir.root for name, checkpointer in later.items()
+    }
+    ways: dict[str, Callable[[], object]] = {"torch-dcp": lambda: training.dcp_load(root / "dcp-restore"),
+                                             "plain-adios2": lambda: plain.load(root / "plain-restore.bp")}
     for name, checkpointer in later.items():
         ways[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.restore(training.state)
     previous: list[str] = []

@@ -145,25 +145,36 @@ def write_plain_h5py(comm: MPI.Comm, path: Path, block: np.ndarray) -> None:
 
 
 def write_plain_adios2(comm: MPI.Comm, path: Path, block: np.ndarray, parameters: Mapping[str, str]) -> None:
-    """Plain ADIOS2 BP5 used as its documentation recommends: this rank's rows of one
-    global array in a deferred ``Put`` (BP5 writes them from ``block`` when the step
-    ends, with no copy into its buffer), then each rank fsyncs the subfile ``data.<rank>``
-    where there is one and rank 0 every other file. With ``AggregationType=EveryoneWrites``
-    every rank writes its own bytes, into one subfile per node (``NumAggregators`` left at
-    0): on one node ``data.0``, which rank 0 fsyncs. Collective.
+    """Plain ADIOS2 BP5 used as its documentation recommends (:func:`write_plain_bp5`):
+    this rank's rows of one global array ``u``. Collective."""
+    rows = block.shape[0]
+    shape, start = [rows * comm.size, *block.shape[1:]], [comm.rank * rows] + [0] * (block.ndim - 1)
+    write_plain_bp5(comm, path, {"u": (block, shape, start)}, parameters)
+
+
+def write_plain_bp5(
+    comm: MPI.Comm, path: Path, blocks: Mapping[str, tuple[np.ndarray, list[int], list[int]]],
+    parameters: Mapping[str, str],
+) -> None:
+    """Plain ADIOS2 BP5 used as its documentation recommends: each of this rank's
+    ``blocks`` (name: array, global shape, start) in a deferred ``Put`` (BP5 writes them
+    from their memory when the step ends, with no copy into its buffer), then each rank
+    fsyncs the subfile ``data.<rank>`` where there is one and rank 0 every other file.
+    With ``AggregationType=EveryoneWrites`` every rank writes its own bytes, into one
+    subfile per node (``NumAggregators`` left at 0): on one node ``data.0``, which rank 0
+    fsyncs. Collective (every rank defines the variables it puts).
     """
     import adios2
 
-    rows = block.shape[0]
     adios = adios2.bindings.ADIOS(comm)
     io = adios.DeclareIO("bench")
     io.SetEngine("BP5")
     io.SetParameters(dict(parameters))
     engine = io.Open(str(path), adios2.bindings.Mode.Write)
     engine.BeginStep()
-    shape, start = [rows * comm.size, *block.shape[1:]], [comm.rank * rows] + [0] * (block.ndim - 1)
-    variable = io.DefineVariable("u", block, shape, start, list(block.shape), True)
-    engine.Put(variable, block, adios2.bindings.Mode.Deferred)
+    for name, (block, shape, start) in blocks.items():
+        variable = io.DefineVariable(name, block, shape, start, list(block.shape), True)
+        engine.Put(variable, block, adios2.bindings.Mode.Deferred)
     engine.EndStep()
     engine.Close()
     subfiles = {path / f"data.{rank}" for rank in range(comm.size)}
@@ -174,6 +185,23 @@ def write_plain_adios2(comm: MPI.Comm, path: Path, block: np.ndarray, parameters
             if name not in subfiles:
                 fsync_tree(name)
     comm.Barrier()
+
+
+def read_plain_bp5(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Each of ``arrays`` (C-contiguous) filled with the whole global array of its name
+    from the BP5 step at ``path``, as plain ADIOS2 reads: a deferred ``Get`` each, then one
+    ``PerformGets``. Independent."""
+    import adios2
+
+    adios = adios2.bindings.ADIOS()
+    io = adios.DeclareIO("bench-read")
+    io.SetEngine("BP5")
+    engine = io.Open(str(path), adios2.bindings.Mode.ReadRandomAccess)
+    for name, array in arrays.items():
+        variable = io.InquireVariable(name)
+        engine.Get(variable, array, adios2.bindings.Mode.Deferred)
+    engine.PerformGets()
+    engine.Close()
 
 
 def memcpy_seconds(comm: MPI.Comm, block: np.ndarray, repeat: int = 5, *, new_memory: bool = False) -> float:

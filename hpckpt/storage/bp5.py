@@ -46,9 +46,10 @@ from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
 from ..model.manifest import Block, LeafRecord
 from . import direct
-from .adios2_c import DIRECT_READ, IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
+from .adios2_c import CONTIGUOUS_READ, DIRECT_READ, IN_PLACE_WRITE, ZERO_COPY, BP5File, BP5Step, features
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 from .bp5_pieces import BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
+from .direct_read import in_place_piece
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -56,7 +57,11 @@ if TYPE_CHECKING:
     from .lustre import Striping
 
 DIRECTORY_NAME = "data.bp"
-READ_SLAB = 16 << 20  # bytes per read of a global box: under glibc's 32 MiB mmap threshold, so reused
+# Bytes per read of a global box where BP5 copies it through a buffer of its own (an ADIOS2
+# without the contiguous-read patch): under glibc's 32 MiB mmap threshold, so reused.
+READ_SLAB = 16 << 20
+# The patched BP5 reads directly (BP5_DIRECT_READ) only reads of this many bytes or more.
+DIRECT_READ_MIN = 1 << 20
 _DATA_FILE = re.compile(r"^data\.\d+$")
 DEFAULT_PARAMETERS: dict[str, str] = {
     "Profile": "Off",
@@ -135,6 +140,18 @@ def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], 
     return shape, start, count
 
 
+def _slab_rows(left: int, row_bytes: int, in_place: bool) -> int:
+    """The rows of a box's next slab, with ``left`` bytes of it still to read (see
+    :meth:`ADIOS2Backend.read`). Read in place, a slab takes the rest of the box where
+    less than :data:`DIRECT_READ_MIN` would be left after it, so every read of a large box
+    is long enough to go direct.
+    """
+    if not in_place:
+        return max(1, READ_SLAB // row_bytes)
+    piece = in_place_piece(left)
+    return max(1, (left if left - piece < DIRECT_READ_MIN else piece) // row_bytes)
+
+
 class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
     """ADIOS2 BP5 storage (see the module docstring for the layout).
 
@@ -197,6 +214,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
         reads_direct = bool(direct_io) and (not chosen or chosen[-1].lower() in ("true", "on"))
         self.read_parameters = {"DirectIO": "true"} if reads_direct and DIRECT_READ in available else {}
+        self.reads_in_place = CONTIGUOUS_READ in available  # rows straight into the caller's memory
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
 
     def write_parameters(self, directory: Path) -> dict[str, str]:
@@ -325,11 +343,18 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         """Fill each request's ``array`` from ``data.bp``, reporting its bytes to ``landed``
         as they land. Independent (this process opens the step alone).
 
-        A box of a global array is read in slabs of about :data:`READ_SLAB` bytes along
-        its first axis: BP5 reads a multi-dimensional selection into a temporary buffer
-        and copies it out, so slabs bound that buffer (which the allocator then reuses)
-        and let the helper thread checksum one slab while ADIOS2 reads the next. A local
-        block is read whole (BP5 reads a whole local block for any part of it).
+        A box of a global array is read in slabs along its first axis, so that the helper
+        thread checksums one slab while ADIOS2 reads the next. Where the loaded ADIOS2
+        reads a stored block's rows straight into the caller's memory
+        (:data:`~hpckpt.storage.adios2_c.CONTIGUOUS_READ`) and the box holds whole rows
+        of the array (as a block of a box split along the first axis does), each slab is
+        10/11 of what is left of the box
+        (:func:`~hpckpt.storage.direct_read.in_place_piece`), as the posix and hdf5
+        backends read: long reads first, and only the last short slab's checksum not
+        hidden. Otherwise BP5 reads a multi-dimensional selection into a temporary buffer
+        and copies it out, and slabs of about :data:`READ_SLAB` bytes bound that buffer
+        (which the allocator then reuses). A local block is read whole (BP5 reads a whole
+        local block for any part of it).
         """
         requests = [request for request in requests if request.block.size]
         if not requests:
@@ -353,9 +378,8 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         except ValueError as exc:
             raise ValueError(f"{path}: variable {record.location['variable']!r}: {exc}") from None
 
-    @staticmethod
     def _read_block(
-        stored: BP5File, path: Path, request: BlockData, variable: Any, landed: Landed | None
+        self, stored: BP5File, path: Path, request: BlockData, variable: Any, landed: Landed | None
     ) -> None:
         """Read ``request``'s box of ``variable`` in slabs, or its whole local block (see
         :meth:`read`).
@@ -378,11 +402,13 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         if stored_shape != shape:
             raise KeyError(f"{path}: variable {record.path!r} has shape {stored_shape}, not {shape}")
         row_bytes = target[0].nbytes or 1
-        rows = max(1, READ_SLAB // row_bytes)
-        for first in range(0, count[0], rows):
-            last = min(count[0], first + rows)
+        in_place = self.reads_in_place and count[1:] == shape[1:]
+        first = 0
+        while first < count[0]:
+            last = min(count[0], first + _slab_rows((count[0] - first) * row_bytes, row_bytes, in_place))
             stored.read(
                 variable, target[first:last], [start[0] + first] + start[1:], [last - first] + count[1:]
             )
             if landed is not None:
                 landed(request, last * row_bytes)
+            first = last

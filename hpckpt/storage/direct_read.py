@@ -266,7 +266,7 @@ class BlockFile:
         """
         done = 0
         while done < len(flat):
-            want = _in_place_piece(len(flat) - done)
+            want = in_place_piece(len(flat) - done)
             count = self._pread_direct(flat[done : done + want], offset + done)
             done += count
             if count and progress is not None:
@@ -399,7 +399,7 @@ def _finish(descriptor: int, path: Path, segment: Segment, done: int) -> None:
     read_into(descriptor, _bytes_of(segment.memory)[done:], segment.offset + done, path, moved)
 
 
-def _in_place_piece(remaining: int) -> int:
+def in_place_piece(remaining: int) -> int:
     """The bytes of the next direct read into place, with ``remaining`` bytes of the block
     left (see :data:`IN_PLACE_SHARE`): whole pages, but for the block's last piece.
     """

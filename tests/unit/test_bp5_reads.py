@@ -1,5 +1,6 @@
 """The adios2 backend's restore path: a box of a global array is read through ADIOS2's C
-API in slabs along its first axis, reporting the bytes in place as they land; a local
+API in slabs along its first axis (a box of whole rows, with the contiguous-read patch,
+in slabs of 10/11 of what is left), reporting the bytes in place as they land; a local
 block is read whole; a variable of another type or shape is refused before ADIOS2 reads
 it. Real BP5 files written by hpckpt's own write, one process (COMM_SELF)."""
 
@@ -32,18 +33,24 @@ def _whole() -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("offset", "shape"),
-    [((0, 0), SHAPE), ((7, 0), (9, 6)), ((0, 2), (40, 3)), ((11, 5), (5, 1))],
+    ("offset", "shape", "in_place"),
+    [
+        ((0, 0), SHAPE, False), ((7, 0), (9, 6), False), ((0, 2), (40, 3), True), ((11, 5), (5, 1), True)
+    ],
     ids=["whole", "rows", "columns", "one-column"],
 )
 def test_a_box_is_read_in_slabs_exactly_and_reports_its_bytes_in_order(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset, shape
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offset, shape, in_place
 ) -> None:
+    """Slabs of :data:`READ_SLAB` where BP5 copies through its own buffer: with an ADIOS2
+    without the contiguous-read patch, or a box of part of each row (``in_place`` is what
+    the backend is told of the patch)."""
     monkeypatch.setattr(bp5, "READ_SLAB", 4 * ROW_BYTES)  # slabs of 4 full rows (fewer for a narrower box)
     whole = _whole()
     backend, placed = _write(
         tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)), whole
     )
+    backend.reads_in_place = in_place
     out = np.full(shape, -1.0)
     reports: list[int] = []
     backend.read(
@@ -55,6 +62,21 @@ def test_a_box_is_read_in_slabs_exactly_and_reports_its_bytes_in_order(
         min(shape[0], end) * shape[1] * 8
         for end in range(rows_per_slab, shape[0] + rows_per_slab, rows_per_slab)
     ]
+
+
+def test_a_box_of_whole_rows_is_read_in_place_in_slabs_of_most_of_what_is_left(tmp_path: Path) -> None:
+    """With the contiguous-read patch, a box of whole rows goes in slabs of 10/11 of what
+    is left, whole pages, the last one taking the rest where under 1 MiB would be left:
+    24 MiB in 21.8 MiB, then 2.2 MiB (every read long enough for BP5's direct reads)."""
+    field = np.random.default_rng(3).standard_normal((3072, 1024))  # rows of 8 KiB
+    record = LeafRecord("u", "distributed", "<f8", field.shape, (Block(0, (0, 0), field.shape, "0"),))
+    backend, placed = _write(tmp_path, record, field)
+    assert backend.reads_in_place  # make install's ADIOS2 has the patch
+    out = np.empty_like(field)
+    reports: list[int] = []
+    backend.read(tmp_path, [BlockData(placed, placed.blocks[0], out)], lambda _, end: reports.append(end))
+    assert np.array_equal(out, field)
+    assert reports == [2792 * 8192, field.nbytes]  # 24 MiB * 10/11 in whole pages: 2792 rows
 
 
 def test_a_local_block_and_a_byte_encoded_leaf_read_back_whole(
