@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,13 @@ def main() -> int:
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     before: list[str] = []
-    # registered before hpckpt's exit hook, so it runs after it
-    atexit.register(lambda: print(f"fsdp: rank {comm.rank} threads before={before} exit={torch_threads()}",
-                                  flush=True))
+
+    def report_threads() -> None:
+        # one write per line: the ranks share stdout, and a print writes the newline apart
+        sys.stdout.write(f"fsdp: rank {comm.rank} threads before={before} exit={torch_threads()}\n")
+        sys.stdout.flush()
+
+    atexit.register(report_threads)  # before hpckpt's exit hook is registered, so it runs after it
     hpckpt.torch.init_process_group("gloo", comm)
     torch.manual_seed(0 if args.save else 7)  # the check starts from other weights
     model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(), torch.nn.Linear(10, 3))
