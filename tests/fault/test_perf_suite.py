@@ -68,8 +68,10 @@ def test_the_torch_benchmark_compares_every_backend_with_dcp(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(out.read_text())
     ways = {"torch-dcp", "hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
-    cases = ("first_save", "restart_save", "later_save", "cold_restore")
-    assert all(set(results["cases"][case]["ways"]) == ways for case in cases)
+    for case in ("first_save", "restart_save", "later_save", "cold_restore"):
+        # plain BP5 doing the same work, where it can: new files and a cold read
+        plain = {"plain-adios2"} if case in ("first_save", "cold_restore") else set()
+        assert set(results["cases"][case]["ways"]) == ways | plain, case
     for backend in ("hdf5", "adios2", "posix"):  # a relaunch reuses the restored step's layout
         assert results["plans_gathered"][backend] == {"first_save": [True], "restart_save": [False],
                                                       "later_save": [False]}
