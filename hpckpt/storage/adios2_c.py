@@ -246,7 +246,7 @@ class BP5File:
         try:
             self._io = _handle(c.adios2_declare_io(self._adios, b"hpckpt-read"), "adios2_declare_io")
             _call("adios2_set_engine", self._io, engine.encode())
-            for key, value in {"Profile": "Off", **(parameters or {})}.items():  # Off: no profiling JSON
+            for key, value in (parameters or {}).items():
                 _call("adios2_set_parameter", self._io, key.encode(), value.encode())
             opened = c.adios2_open(self._io, str(path).encode(), _MODE_READ_RANDOM_ACCESS)
             self._engine = _handle(opened, f"adios2_open({str(path)!r})")

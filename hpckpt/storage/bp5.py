@@ -63,8 +63,8 @@ READ_SLAB = 16 << 20
 # The patched BP5 reads directly (BP5_DIRECT_READ) only reads of this many bytes or more.
 DIRECT_READ_MIN = 1 << 20
 _DATA_FILE = re.compile(r"^data\.\d+$")
+# No "Profile": BP5 (2.12) has no such parameter (BP4's) and writes profiling.json anyway.
 DEFAULT_PARAMETERS: dict[str, str] = {
-    "Profile": "Off",
     "AggregationType": "EveryoneWrites",
     "StatsLevel": "0",
 }
