@@ -216,12 +216,14 @@ def saves(comm: MPI.Comm, training: Training, root: Path, repeat: int,
         phases.setdefault((case, name), []).append(dict(checkpointer.last_save.seconds))
         gathered.setdefault((case, name), []).append(checkpointer.last_save.plans_gathered)
 
+    outputs = {"torch-dcp": root / "dcp-save", "plain-adios2": root / "plain-save.bp"}  # new every save
+
     def dcp_save() -> None:
-        dcp.save(training.dcp_state(), storage_writer=FileSystemWriter(root / "dcp-save", sync_files=True))
+        dcp.save(training.dcp_state(), storage_writer=FileSystemWriter(outputs["torch-dcp"], sync_files=True))
 
     plain = PlainBP5(comm, training)
     ways: dict[str, Callable[[], object]] = {"torch-dcp": dcp_save,
-                                             "plain-adios2": lambda: plain.save(root / "plain-save.bp")}
+                                             "plain-adios2": lambda: plain.save(outputs["plain-adios2"])}
     cases: dict[str, tuple[str, str]] = {}
     for name in BACKENDS:
         for case in SAVE_CASES:
@@ -229,8 +231,8 @@ def saves(comm: MPI.Comm, training: Training, root: Path, repeat: int,
             ways[way], cases[way] = (lambda case=case, name=name: save(case, name)), (case, name)
 
     def before(way: str) -> None:  # untimed: what the way's situation needs, then a training step
-        if way in ("torch-dcp", "plain-adios2"):
-            remove(comm, root / ("dcp-save" if way == "torch-dcp" else "plain-save.bp"))
+        if way in outputs:
+            remove(comm, outputs[way])
         elif cases[way] in opened:
             previous = opened.pop(cases[way])
             previous.close()
