@@ -178,8 +178,9 @@ def _small_host_member(
     apart at a few attribute reads: a :class:`~hpckpt.model.leaves.Local` leaf (not a
     subclass) of a C-contiguous NumPy array of at most :data:`PACK_LIMIT` bytes whose
     dtype is stored as it is (not bfloat16, no encoding), stored exactly. None for any
-    other leaf, which the general path plans (and may still pack): 10,000 leaves took
-    25 ms through it, 7 ms here.
+    other leaf, which the general path plans (and may still pack). Staging 10,000 such
+    leaves of 16 KiB took 45-55 ms with it, 53-58 ms without (21 ms of either is their
+    copy into the pack).
     """
     if type(leaf) is not Local or leaf.encoding is not None:
         return None
