@@ -98,6 +98,14 @@ def host_dtype(array: Any, path: str) -> np.dtype:
     return _numpy_view(array).dtype
 
 
+def is_stored_as_is(array: Any) -> bool:
+    """True for what most host arrays are, told at a few attribute reads: a C-contiguous
+    NumPy array (not a subclass) of a storable dtype, which :func:`as_host_array`
+    returns as it is.
+    """
+    return type(array) is np.ndarray and array.dtype.kind in STORABLE_KINDS and array.flags.c_contiguous
+
+
 def as_host_array(array: Any, path: str) -> np.ndarray:
     """Return host ``array`` as a C-contiguous NumPy array (a copy only when it is not one).
 
@@ -109,8 +117,8 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         When the array cannot be viewed on the host or its dtype cannot be stored
         (only booleans, integers, floats and complex numbers can).
     """
-    if type(array) is np.ndarray and array.dtype.kind in STORABLE_KINDS:  # the common case, checked fast
-        return array if array.flags.c_contiguous else array.copy(order="C")
+    if is_stored_as_is(array):  # the common case, checked fast
+        return array
     try:
         host = _numpy_view(array)
     except Exception as exc:
