@@ -23,10 +23,13 @@ collectively, just before the library's write), ``save.written`` (this rank's wr
 returned, its bytes not yet durable, before the write phase's agreement),
 ``save.sync``, ``save.shard``
 (every rank, before a group's leader writes its shard of a sharded manifest),
-``save.commit``; inside rank 0's commit ``commit.manifest`` (the data durable, before the
-manifest is written), ``commit.fsync`` (manifest written, before the directory's
-fsync), ``commit.rename`` (before the rename into place), ``commit.renamed`` (after it,
-before the run directory's fsync), ``commit.exchanged`` (after a re-saved step's
+``save.commit``; in the hdf5 backend's write ``hdf5.layout`` (rank 0, before it
+creates ``data.h5``) and ``hdf5.layout_rest`` (rank 0's helper thread, before it
+creates the small datasets, while the ranks write the large ones); inside rank 0's
+commit ``commit.manifest`` (the data durable, before the manifest is written),
+``commit.fsync`` (manifest written, before the directory's fsync), ``commit.rename``
+(before the rename into place), ``commit.renamed`` (after it, before the run
+directory's fsync), ``commit.exchanged`` (after a re-saved step's
 exchange); ``save.retain``, inside retention ``retain.deleting`` (a step renamed to
 ``*.deleting``) and ``retain.recycled`` (its files moved to ``.recycle/``), in
 ``prepare`` ``prepare.recycle`` (after each recycled file moved into the new step), in

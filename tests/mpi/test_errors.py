@@ -74,6 +74,37 @@ def test_failure_while_reading_on_one_rank(world, mpi_tmp_path, monkeypatch, mak
                    for index, leaf in enumerate(state.get("weights", [])))
 
 
+@pytest.mark.parametrize("where", ["hdf5.layout", "hdf5.layout_rest"])
+def test_failure_of_rank_0s_hdf5_layout_fails_the_save_everywhere(world, mpi_tmp_path, monkeypatch, where):
+    """Rank 0 lays out data.h5 in two parts, the small datasets while every rank writes
+    the large ones: a failure in either part fails the save on every rank, and the next
+    save into a new file is whole.
+    """
+    def state_of(value: float) -> dict:
+        state = replicated_state(world, value)  # small datasets
+        state["large"] = hpckpt.Replicated(np.full((256, 64), value))  # 128 KiB: laid out first
+        return state
+
+    with hpckpt.Checkpointer(mpi_tmp_path / where, comm=world, backend="hdf5") as checkpointer:
+        checkpointer.save(1, state_of(1.0))
+        monkeypatch.setenv(FAULT_ENV, f"{where}:0:raise")
+        with pytest.raises(hpckpt.CollectiveError) as info:
+            checkpointer.save(2, state_of(2.0))
+        monkeypatch.delenv(FAULT_ENV)
+        assert info.value.phase == "save step 2: write"
+        assert sorted(info.value.failures) == list(range(world.size))
+        assert f"InjectedFault: injected fault at {where} on rank 0" in info.value.failures[0]
+        assert all("rank 0 could not lay out" in info.value.failures[rank] for rank in range(1, world.size))
+        assert checkpointer.steps() == [1]
+        checkpointer.save(3, state_of(3.0))
+        restored = state_of(0.0)
+        assert checkpointer.restore(restored) == 3
+        expected = state_of(3.0)
+        assert np.array_equal(restored["large"].array, expected["large"].array)
+        weights = zip(restored["weights"], expected["weights"], strict=True)
+        assert all(np.array_equal(leaf.array, want.array) for leaf, want in weights)
+
+
 def test_different_steps_on_different_ranks(world, mpi_tmp_path):
     with hpckpt.Checkpointer(mpi_tmp_path / "steps", comm=world) as checkpointer:
         with pytest.raises(
