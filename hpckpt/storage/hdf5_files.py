@@ -274,7 +274,8 @@ def selections(dataset_id: Any, offset: tuple[int, ...], shape: tuple[int, ...])
 class DatasetMaker:
     """Creates the datasets of one new file with the low-level API, each contiguous, its
     storage allocated at once and never filled (so ``get_offset`` gives its bytes' place
-    in the file), with the string attribute ``hpckpt_kind``; intermediate groups too.
+    in the file), and intermediate groups too; :meth:`label` gives a dataset the string
+    attribute ``hpckpt_kind``.
 
     The property lists, types and attribute values are made once for all datasets: with
     h5py's high-level attributes, a model's 600 datasets took 55 ms to create, 19 ms
@@ -297,19 +298,22 @@ class DatasetMaker:
         self._text = text
         self._types: dict[str, Any] = {}
 
-    def create(self, parent_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, kind: str) -> Any:
-        """Create dataset ``name`` under ``parent_id`` with its ``hpckpt_kind``; its id."""
-        from h5py import h5a, h5d, h5s, h5t
+    def create(self, parent_id: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        """Create dataset ``name`` under ``parent_id``; its id (:meth:`label` gives it its kind)."""
+        from h5py import h5d, h5s, h5t
 
         file_type = self._types.get(dtype.str)
         if file_type is None:
             file_type = self._types[dtype.str] = h5t.py_create(dtype, logical=True)
         space = self._scalar if not shape else h5s.create_simple(shape)
-        dataset_id = h5d.create(parent_id, name.encode(), file_type, space, dcpl=self._properties,
-                                lcpl=self._links)
+        return h5d.create(parent_id, name.encode(), file_type, space, dcpl=self._properties, lcpl=self._links)
+
+    def label(self, dataset_id: Any, kind: str) -> None:
+        """Give the dataset ``dataset_id`` its attribute ``hpckpt_kind``."""
+        from h5py import h5a
+
         attribute = h5a.create(dataset_id, b"hpckpt_kind", self._text_type, self._scalar)
         attribute.write(np.array(kind, dtype=self._text))
-        return dataset_id
 
 
 def file_runs(
@@ -320,6 +324,9 @@ def file_runs(
     """
     if not shape:
         return np.zeros(1, dtype=np.int64), 1
+    if shape[1:] == global_shape[1:]:  # whole rows (a whole array too): one run, without the work below
+        row = math.prod(global_shape[1:])
+        return np.array([offset[0] * row], dtype=np.int64), shape[0] * row
     axis = len(shape) - 1
     while axis > 0 and shape[axis] == global_shape[axis]:  # whole trailing axes join the runs
         axis -= 1
@@ -336,7 +343,7 @@ def file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int, 
     record, block = data.record, data.block
     if dataset_offset is None:
         raise OSError(f"dataset {dataset_path(record)} has no contiguous storage to write into")
-    itemsize = np.dtype(record.dtype).itemsize
+    itemsize = record.itemsize
     raw = data.array.reshape(-1).view(np.uint8).data
     if stored_layout(record, block) is HDF5Layout.CONCATENATED:
         return [(dataset_offset + block_start(block) * itemsize, raw)]
