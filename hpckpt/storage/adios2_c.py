@@ -51,7 +51,8 @@ _SIZES = ctypes.POINTER(ctypes.c_size_t)
 # the features that hpckpt's patches (tools/adios2-patches) add to adios2_available_features
 CONTIGUOUS_READ, ZERO_COPY = "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY"
 IN_PLACE_WRITE, DIRECT_READ = "BP5_IN_PLACE_WRITE", "BP5_DIRECT_READ"
-BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE, DIRECT_READ})
+QUIET_WAIT = "BP5_QUIET_WAIT"
+BP5_PATCHES = frozenset({CONTIGUOUS_READ, ZERO_COPY, IN_PLACE_WRITE, DIRECT_READ, QUIET_WAIT})
 _OPTIONAL = frozenset({"adios2_perform_data_write"})  # without it, no blocks in pieces (bp5_pieces)
 _library: Any = None
 
@@ -119,7 +120,8 @@ def features() -> frozenset[str]:
     """The names the loaded ADIOS2 lists in ``adios2_available_features``: its optional
     parts and, in a build with hpckpt's BP5 patches
     (``tools/adios2-patches``, which ``make install`` applies), ``"BP5_CONTIGUOUS_READ"``,
-    ``"BP5_DIRECTIO_ZERO_COPY"``, ``"BP5_IN_PLACE_WRITE"`` and ``"BP5_DIRECT_READ"``.
+    ``"BP5_DIRECTIO_ZERO_COPY"``, ``"BP5_IN_PLACE_WRITE"``, ``"BP5_DIRECT_READ"`` and
+    ``"BP5_QUIET_WAIT"``.
     Empty for an ADIOS2 without the list.
     """
     listing = _load().adios2_available_features

@@ -21,7 +21,10 @@ from tests.processes import run_group
 
 ADIOS2_WHEEL = "adios2==2.12.1.1001"  # PyPI's: serial, unpatched
 UNPATCHED = Path(sys.prefix) / "adios2-unpatched"  # make install's ADIOS2 2.12.1 as released, with MPI
-ALL_PATCHES = ["BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_DIRECT_READ", "BP5_IN_PLACE_WRITE"]
+ALL_PATCHES = [
+    "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_DIRECT_READ", "BP5_IN_PLACE_WRITE",
+    "BP5_QUIET_WAIT",
+]
 READ = """
 import ctypes, hashlib, json, sys
 from pathlib import Path
@@ -58,6 +61,7 @@ def test_a_direct_step_reads_with_an_unpatched_adios2(tmp_path):
              "field": hpckpt.Distributed(field, global_shape=field.shape, offset=(0, 0))}
     parameters = open_backend("adios2").write_parameters(tmp_path)
     assert parameters["DirectIO"] == "true" and parameters["TruncateDataFiles"] == "false"
+    assert parameters["QuietWait"] == "true"
     big = np.ones((3000, 1024))
     larger = {"small": state["small"],
               "field": hpckpt.Distributed(big, global_shape=big.shape, offset=(0, 0))}

@@ -26,7 +26,10 @@ PAGE = direct.ALIGNMENT
 
 
 def test_make_installs_adios2_has_the_bp5_patches() -> None:
-    patches = {"BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE", "BP5_DIRECT_READ"}
+    patches = {
+        "BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY", "BP5_IN_PLACE_WRITE", "BP5_DIRECT_READ",
+        "BP5_QUIET_WAIT",
+    }
     assert patches <= features(), sorted(features())
 
 

@@ -34,7 +34,7 @@ def test_reports_the_mpi_library_and_the_io_libraries_of_this_process():
                               "mpi": h5py.get_config().mpi}
     assert report["adios2"] == {"version": adios2.__version__, "mpi": adios2.is_built_with_mpi,
                                 "bp5_patches": ["BP5_CONTIGUOUS_READ", "BP5_DIRECTIO_ZERO_COPY",
-                                                "BP5_DIRECT_READ", "BP5_IN_PLACE_WRITE"]}
+                                                "BP5_DIRECT_READ", "BP5_IN_PLACE_WRITE", "BP5_QUIET_WAIT"]}
     assert report["node_local"]["directory"] == "/dev/shm"
     assert abs(report["node_local"]["free_bytes"] - shutil.disk_usage("/dev/shm").free) < 1 << 30
     assert report["lfs"] == shutil.which("lfs")
