@@ -27,7 +27,8 @@ non-blocking save takes from the application (pass ``{"StatsLevel": "1"}`` for t
 that show them, such as ``bpls -l``). With an ADIOS2 that has hpckpt's BP5 patches
 (``tools/adios2-patches``; ``make install`` builds it), steps are written with
 ``DirectIO``: page-aligned arrays (the pack, a non-blocking save's snapshot) from their
-own memory, bypassing the page cache (see :class:`ADIOS2Backend`'s ``direct_io``).
+own memory, bypassing the page cache (see :class:`ADIOS2Backend`'s ``direct_io``), and
+steps without pieces with ``QuietWait``: a rank waits for slower ranks asleep.
 Reads open the step in random-access mode, each process alone, so a failing reader
 cannot hang its peers.
 """
