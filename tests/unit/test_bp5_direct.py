@@ -129,3 +129,14 @@ def test_a_restore_reads_page_aligned_memory_with_o_direct(tmp_path: Path) -> No
     aligned[:] = 0
     assert _read_back(tmp_path, buffered, placed, aligned) >= field.nbytes // PAGE
     assert np.array_equal(aligned, field)
+
+
+def test_quiet_wait_is_left_out_of_steps_written_in_pieces_unless_chosen() -> None:
+    """hpckpt's QuietWait holds the ranks in lockstep piece by piece, so a step with
+    pieces goes without it; a QuietWait the caller passes is kept."""
+    backend = open_backend("adios2")
+    assert backend.parameters["QuietWait"] == "true"
+    assert backend._step_parameters(backend.parameters, 0)["QuietWait"] == "true"
+    assert "QuietWait" not in backend._step_parameters(backend.parameters, 3)
+    chosen = open_backend("adios2", {"parameters": {"QuietWait": "true"}})
+    assert chosen._step_parameters(chosen.parameters, 3)["QuietWait"] == "true"
