@@ -85,7 +85,7 @@ DIRECT_PARAMETERS = {"DirectIO": "true", "DirectIOAlignOffset": str(direct.ALIGN
 IN_PLACE_PARAMETERS = {"TruncateDataFiles": "false"}
 # With the feature QUIET_WAIT: a rank that has written its data waits for the slower ones
 # asleep, not inside ADIOS2's MPI calls, where MPICH busy-polls: a non-blocking save's
-# waiting took a core from the application's compute (80-140 ms of CPU per save here).
+# waiting took a core from the application's compute (60-160 ms of CPU per save here).
 QUIET_PARAMETERS = {"QuietWait": "true"}
 ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
 ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
