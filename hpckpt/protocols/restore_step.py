@@ -60,8 +60,10 @@ class StepAttempt:
         manifest = source.part(self.target)
         self._match(manifest)
         refuse_on(self.step, source.damaged(manifest))
+        # the manifest names the same backend on every rank (another backend is opened to read)
+        stored_order = self.backend.stored_order if manifest.backend == self.backend.name else None
         plan = run_phase(self.comm, f"restore step {self.step}: plan",
-                         lambda: plan_reads(manifest, self.target))
+                         lambda: plan_reads(manifest, self.target, stored_order))
         refuse_on(self.step, merged_phase(
             self.comm, f"restore step {self.step}: read",
             lambda: read_and_share(manifest, self.backend, self.run_dir, plan, self.comm),

@@ -242,6 +242,15 @@ class Backend(ABC):
         calls, so a rank that fails while reading cannot leave others waiting.
         """
 
+    def stored_order(self, record: LeafRecord) -> tuple[float, ...]:
+        """Where ``record``'s blocks lie in this backend's files, against other records':
+        sorting records by it (stably: ties in manifest order) gives the order in which
+        :meth:`read` reaches a rank's blocks. A restore broadcasts replicated chunks in
+        that order, so that each chunk goes out as soon as its reader has it. Pure:
+        every rank computes the same for the same record. Default: manifest order.
+        """
+        return ()
+
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """The files among ``files`` (from :meth:`write`) that rank ``rank`` of ``size``
         may have written: it makes them durable before the commit. Pure; called on

@@ -269,6 +269,12 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         except (OSError, KeyError):  # not HDF5, or damaged: created anew
             return None
 
+    def stored_order(self, record: LeafRecord) -> tuple[float, ...]:
+        """The order of the datasets in ``data.h5`` (see the module docstring): those of
+        :data:`EARLY_BYTES` or more first, each part by the lowest rank writing each.
+        """
+        return (_dataset_bytes(record) < EARLY_BYTES, _first_writer(record))
+
     def read(self, directory: Path, requests: Sequence[BlockData], landed: Landed | None = None) -> None:
         """Fill each request's ``array`` from ``data.h5``, reporting its bytes to ``landed`` as
         they arrive. Independent (not collective).
@@ -366,7 +372,7 @@ class _FileLayout:
         self, backend: HDF5Backend, path: Path, records: Sequence[LeafRecord], annotations: Annotations
     ) -> None:
         self._backend, self._path, self._annotations = backend, path, annotations
-        ordered = sorted(records, key=_first_writer)
+        ordered = sorted(records, key=backend.stored_order)
         self._large = [record for record in ordered if _dataset_bytes(record) >= EARLY_BYTES]
         self._small = [record for record in ordered if _dataset_bytes(record) < EARLY_BYTES]
         self._digest = layout_digest(records, annotations.dims)

@@ -151,7 +151,8 @@ def test_each_replicated_chunk_is_read_by_one_rank_and_shared_with_the_others():
     state = {"w": hpckpt.Replicated(np.zeros(6))}
     plan = plan_reads(manifest(weights), target(state, rank=1))
     assert [piece.request.block.offset for piece in plan.pieces] == [(0,)]
-    assert [(share.root, share.into) for share in plan.shares] == [(1, (slice(0, 2),)), (0, (slice(2, 4),)),
+    # broadcast as their readers have them: rank 0's first chunk and rank 1's, then rank 0's second
+    assert [(share.root, share.into) for share in plan.shares] == [(0, (slice(2, 4),)), (1, (slice(0, 2),)),
                                                                     (0, (slice(4, 6),))]
     alone = plan_reads(manifest(weights), target(state, rank=0, size=1))
     assert len(alone.pieces) == 3 and alone.shares == []
@@ -225,3 +226,20 @@ def test_a_mismatch_lists_every_difference_under_the_step_it_is_of():
     assert str(refused.error()) == expected
     with pytest.raises(hpckpt.StateMismatchError):
         raise refused.error()
+
+
+def test_broadcasts_follow_each_readers_stored_order_merged_by_the_bytes_read():
+    from hpckpt.protocols.restore_reads import _Share, broadcast_order
+
+    def share(name: str, root: int, rows: int) -> _Share:
+        return _Share(np.zeros((rows, 1024), dtype=np.uint8), (slice(0, rows),), root, path=name)
+
+    # tree order a..f; stored order puts rank 1's "b" before its "a", and the small "c" last
+    chunks = {"a": share("a", 1, 4), "b": share("b", 1, 4), "c": share("c", 0, 1), "d": share("d", 0, 2),
+              "e": share("e", 0, 2), "f": share("f", 1, 0)}
+    stored = {"a": (0, 1), "b": (0, 0), "c": (1, 0), "d": (0, 0), "e": (0, 0), "f": (0, 1)}
+    ordered = broadcast_order([(stored[name], chunk) for name, chunk in chunks.items()])
+    # rank 0 has d whole after 2 KiB read, e after 4, c after 5; rank 1 b after 4, a and f after 8
+    assert [chunk.path for chunk in ordered] == ["d", "e", "b", "c", "a", "f"]
+    unordered = broadcast_order([((), chunk) for chunk in chunks.values()])  # no stored order: the tree's
+    assert [chunk.path for chunk in unordered] == ["c", "d", "a", "e", "b", "f"]
