@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -244,7 +244,7 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
     def _recycled_offsets(
         self, path: Path, digest: str, records: Sequence[LeafRecord], values: Mapping[str, Any]
     ) -> dict[str, int | None] | None:
-        """Each dataset's file offset by name, if ``path`` exists and holds exactly the
+        """Each dataset's file offset by name, if ``path`` (which exists) holds exactly the
         contiguous datasets of the layout ``digest`` names (hpckpt created it for that
         layout: its ``hpckpt_layout`` attribute; reading it costs one attribute, where
         listing every dataset cost 0.12 ms each), with its value attributes replaced by
@@ -253,8 +253,6 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
         inside the file, none overlapping), else from opening each dataset (17 ms for a
         model's 600).
         """
-        if not path.exists():
-            return None
         try:
             with self._h5py.File(path, "r+") as h5:
                 if h5.attrs.get(LAYOUT_ATTRIBUTE) != digest:
@@ -375,19 +373,28 @@ class _FileLayout:
         ordered = sorted(records, key=backend.stored_order)
         self._large = [record for record in ordered if _dataset_bytes(record) >= EARLY_BYTES]
         self._small = [record for record in ordered if _dataset_bytes(record) < EARLY_BYTES]
-        self._digest = layout_digest(records, annotations.dims)
+        self._records = records
         self._h5: Any = None
         self._maker: DatasetMaker | None = None
         self._offsets: dict[str, int | None] = {}
         self._created: list[tuple[Any, LeafRecord]] = []  # each dataset's id, with its record
 
+    @cached_property
+    def _digest(self) -> str:
+        """The layout's digest (:func:`~hpckpt.storage.hdf5_files.layout_digest`): computed
+        where a recycled file is checked, else by :meth:`finish`, after the large
+        datasets' offsets went out.
+        """
+        return layout_digest(self._records, self._annotations.dims)
+
     def begin(self) -> dict[str, int | None]:
         """Create the file and its large datasets (or reuse a recycled file); their offsets."""
         point("hdf5.layout")
         backend, records = self._backend, self._large + self._small
-        recycled = backend._recycled_offsets(self._path, self._digest, records, self._annotations.values)
-        if recycled is not None:
-            return recycled
+        if self._path.exists():
+            recycled = backend._recycled_offsets(self._path, self._digest, records, self._annotations.values)
+            if recycled is not None:
+                return recycled
         options: dict[str, Any] = {}
         if len(records) >= MANY_DATASETS:
             options["meta_block_size"] = min(META_BLOCK_MAX, META_BLOCK_PER_DATASET * len(records))

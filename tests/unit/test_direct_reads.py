@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,6 +223,52 @@ def test_a_lone_block_among_other_ranks_blocks_is_read_directly(tmp_path: Path) 
         assert np.array_equal(out, data[offset : offset + size]) and reported[-1] == size
     pages = [-(-(offset + size) // PAGE) * PAGE - offset // PAGE * PAGE for offset, size in placed]
     assert read_directly == pages[0] + pages[2]  # the bounce buffers take whole pages around each
+
+
+def _runs_apart(tmp_path: Path, cut: int = 0) -> tuple[Path, np.ndarray, list[tuple[int, int]]]:
+    """Three runs farther apart than RUN_GAP (a rank's chunks of an hdf5 file's tensors,
+    between other ranks'), a small block between the first two; the file ends a page
+    after the last block, less ``cut`` bytes."""
+    sizes = [RUN_MIN + 99, 1000, 2 * RUN_MIN + 7, RUN_MIN + 1]
+    placed = _laid_out(sizes, [5, RUN_GAP + 1, RUN_GAP + 1, RUN_GAP + 1], start=0)
+    path, data = _stored(tmp_path, placed[-1][0] + sizes[-1] + PAGE - cut)
+    return path, data, placed
+
+
+def test_runs_apart_are_read_in_file_order_by_one_helper_thread(tmp_path: Path, monkeypatch) -> None:
+    path, data, placed = _runs_apart(tmp_path)
+    started: list[str] = []
+    thread = threading.Thread
+
+    def spied(*args, **kwargs) -> threading.Thread:
+        started.append(kwargs["name"])
+        return thread(*args, **kwargs)
+
+    monkeypatch.setattr(threading, "Thread", spied)
+    whole: list[int] = []  # the blocks, as each is whole
+    outs = _tensors(placed)
+    segments = [
+        Segment(out, offset, lambda count, index=index, size=size: count == size and whole.append(index))
+        for index, ((offset, size), out) in enumerate(zip(placed, outs, strict=True))
+    ]
+    with BlockFile(path) as source:
+        source.read_segments(segments[::-1])
+        read_directly = source.direct_bytes
+    assert started == ["hpckpt-direct-read"] and whole == [0, 1, 2, 3]
+    for (offset, size), out in zip(placed, outs, strict=True):
+        assert np.array_equal(out, data[offset : offset + size])
+    runs = [placed[0], placed[2], placed[3]]
+    assert read_directly == sum(-(-(offset + size) // PAGE) * PAGE - offset // PAGE * PAGE
+                                for offset, size in runs)
+
+
+def test_a_run_of_several_whose_file_ends_early_says_where_and_stops_the_helper(tmp_path: Path) -> None:
+    path, _, placed = _runs_apart(tmp_path, cut=2 * PAGE + 1)
+    threads = threading.active_count()
+    end = placed[-1][0] + placed[-1][1]
+    with pytest.raises(OSError, match=f"{path} ends at byte {end - PAGE - 1}, expected {PAGE + 1} more"):
+        _read_segments(path, placed, _tensors(placed))
+    assert threading.active_count() == threads
 
 
 def test_a_run_whose_file_ends_early_says_where(tmp_path: Path) -> None:
