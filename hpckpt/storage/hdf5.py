@@ -57,6 +57,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property, partial
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -370,9 +371,9 @@ class _FileLayout:
         self, backend: HDF5Backend, path: Path, records: Sequence[LeafRecord], annotations: Annotations
     ) -> None:
         self._backend, self._path, self._annotations = backend, path, annotations
-        ordered = sorted(records, key=backend.stored_order)
-        self._large = [record for record in ordered if _dataset_bytes(record) >= EARLY_BYTES]
-        self._small = [record for record in ordered if _dataset_bytes(record) < EARLY_BYTES]
+        ordered = sorted(((backend.stored_order(record), record) for record in records), key=itemgetter(0))
+        self._large = [record for (small, _), record in ordered if not small]
+        self._small = [record for (small, _), record in ordered if small]
         self._records = records
         self._h5: Any = None
         self._maker: DatasetMaker | None = None
