@@ -30,6 +30,8 @@ def is_device_array(array: Any) -> bool:
     """True for arrays that live in GPU memory."""
     if isinstance(array, np.ndarray):  # the common case, without asking DLPack (10,000s of leaves per save)
         return False
+    if getattr(getattr(array, "device", None), "type", None) == "cpu":  # a torch tensor on the host, at once
+        return False
     try:
         if hasattr(array, "__cuda_array_interface__"):
             return True

@@ -70,7 +70,7 @@ def test_saves_reuse_the_deleted_steps_files(comm, run_dir, name):
             if name == "posix":
                 assert os.stat(main).st_size == rows * 5 * 8
     if name == "hdf5" and comm.rank == 0:
-        assert reused == [False, False, True, False, False, True]
+        assert reused == [True, False, False, True]  # steps 3-6 found a recycled file; 1 and 2 none
 
 
 @pytest.mark.mpi(min_size=4)
