@@ -210,17 +210,15 @@ class BlockFile:
         the copies, also across runs and the other segments' reads.
         """
         units = self._units(sorted(segments, key=lambda segment: segment.offset))
-        runs = [(unit, unit[0].offset // ALIGNMENT * ALIGNMENT, -(-unit[-1].end // ALIGNMENT) * ALIGNMENT)
-                for unit in units if isinstance(unit, list)]
-        with _RunReader(self, [(start, end) for _, start, end in runs]) as reader:
-            ordered_runs = iter(runs)
+        ranges = [(unit[0].offset // ALIGNMENT * ALIGNMENT, -(-unit[-1].end // ALIGNMENT) * ALIGNMENT)
+                  for unit in units if isinstance(unit, list)]
+        with _RunReader(self, ranges) as reader:
             for unit in units:
                 if isinstance(unit, Segment):
                     self.read_into(unit.memory, unit.offset, unit.progress)
                     continue
-                run, _, _ = next(ordered_runs)
-                done = reader.scatter_next(run)
-                for segment, count in zip(run, done, strict=True):
+                done = reader.scatter_next(unit)  # the runs come in the order of their ranges
+                for segment, count in zip(unit, done, strict=True):
                     if count < segment.nbytes:  # the file ended early, or refused direct I/O
                         _finish(self.descriptor, self.path, segment, count)
 
@@ -293,20 +291,12 @@ class BlockFile:
         self, flat: np.ndarray, offset: int, before: int, progress: Callable[[int], None] | None
     ) -> int:
         """:meth:`_read_direct` for memory that is not page-aligned: read through the bounce
-        buffers (:meth:`_read_run` of one segment). Returns the bytes read.
+        buffers (a :class:`_RunReader` of one run). Returns the bytes read: fewer than
+        asked where the file ends early or the file system refuses direct I/O.
         """
         moved = None if progress is None else (lambda count: progress(before + count))
-        return self._read_run([Segment(flat, offset, moved)], offset, offset + len(flat))[0]
-
-    def _read_run(self, run: Sequence[Segment], start: int, end: int) -> list[int]:
-        """Read the page-aligned file range ``[start, end)``, which holds every segment of
-        ``run`` (in file order, none overlapping), through the bounce buffers
-        (:class:`_RunReader`). Returns the bytes in place of each segment, from its
-        start: fewer than its length where the file ends early or the file system
-        refuses direct I/O.
-        """
-        with _RunReader(self, [(start, end)]) as reader:
-            return reader.scatter_next(run)
+        with _RunReader(self, [(offset, offset + len(flat))]) as reader:
+            return reader.scatter_next([Segment(flat, offset, moved)])[0]
 
     def _pread_direct(self, memory: np.ndarray, offset: int) -> int:
         """Read page-aligned ``memory`` from page-aligned ``offset`` with one direct
