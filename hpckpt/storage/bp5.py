@@ -28,7 +28,7 @@ that show them, such as ``bpls -l``). With an ADIOS2 that has hpckpt's BP5 patch
 (``tools/adios2-patches``; ``make install`` builds it), steps are written with
 ``DirectIO``: page-aligned arrays (the pack, a non-blocking save's snapshot) from their
 own memory, bypassing the page cache (see :class:`ADIOS2Backend`'s ``direct_io``), and
-steps without pieces with ``QuietWait``: a rank waits for slower ranks asleep.
+with ``QuietWait``: at the end of a step, a rank waits for slower ranks asleep.
 Reads open the step in random-access mode, each process alone, so a failing reader
 cannot hang its peers.
 """
@@ -83,9 +83,10 @@ DIRECT_PARAMETERS = {"DirectIO": "true", "DirectIOAlignOffset": str(direct.ALIGN
 # With the feature IN_PLACE_WRITE: the data files of a recycled data.bp/ are written over
 # in place and cut to size at close, instead of truncated at open and allocated again.
 IN_PLACE_PARAMETERS = {"TruncateDataFiles": "false"}
-# With the feature QUIET_WAIT: a rank that has written its data waits for the slower ones
-# asleep, not inside ADIOS2's MPI calls, where MPICH busy-polls: a non-blocking save's
-# waiting took a core from the application's compute (60-160 ms of CPU per save here).
+# With the feature QUIET_WAIT: a rank that has written its step's data waits for the slower
+# ones asleep at the step's end, not inside ADIOS2's MPI calls, where MPICH busy-polls: a
+# non-blocking save's waiting took a core from the application's compute (60-160 ms of CPU
+# per save here). The pieces of a step written in pieces are waited for as before.
 QUIET_PARAMETERS = {"QuietWait": "true"}
 ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
 ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
@@ -227,7 +228,6 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         quiet = QUIET_PARAMETERS if QUIET_WAIT in available else {}
         given = {str(k): str(v) for k, v in (parameters or {}).items()}
         self.parameters = {**DEFAULT_PARAMETERS, **in_place, **quiet, **given}
-        self._quiet_by_choice = any(key.lower() == "quietwait" for key in given)
         chosen = [value for key, value in self.parameters.items() if key.lower() == "directio"]  # any case
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
         reads_direct = bool(direct_io) and (not chosen or chosen[-1].lower() in ("true", "on"))
@@ -335,27 +335,13 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
                 (later if in_pieces and goes_in_pieces(put) else whole).append(put)
         fills = buffer_fills(later)
         pieces = _most(comm, len(fills)) if in_pieces else 0
-        step = BP5Step(comm, root, self.engine, self._step_parameters(parameters, pieces))
+        step = BP5Step(comm, root, self.engine, parameters)
         for put in whole:
             step.put(put.name, put.kind, put.array, put.shape, put.start, put.count)
         if pieces:
             put_in_pieces(step, fills, pieces)
         step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
-
-    def _step_parameters(self, parameters: dict[str, str], pieces: int) -> dict[str, str]:
-        """``parameters`` for a step that writes ``pieces`` pieces before its end (the
-        most of any rank): without the ``QuietWait`` that hpckpt chose where there are
-        any. Each piece ends with a quiet barrier, which holds every rank to the slowest
-        one piece by piece and wakes up to 2 ms late: a torch state's blocking saves
-        (unaligned tensors, in pieces) took 0.447 s against 0.354 s with it. A step
-        without pieces (a non-blocking save's snapshot, page-aligned) passes one
-        barrier, where a rank that would otherwise spin beside the application's
-        compute waits asleep.
-        """
-        if not pieces or self._quiet_by_choice:
-            return parameters
-        return {key: value for key, value in parameters.items() if key not in QUIET_PARAMETERS}
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """Every file of ``data.bp/``: which rank aggregates which subfile is ADIOS2's choice."""
