@@ -12,6 +12,7 @@ which :func:`check_own_checksum` checks.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -81,12 +82,13 @@ def block_dict(block: Block) -> dict[str, Any]:
 
 def leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
     """The record of a leaf of step ``step`` from its JSON, checked (ValueError if not)."""
-    if leaf["kind"] not in LEAF_KINDS:
+    kind = _KIND_OF.get(leaf["kind"])
+    if kind is None:
         raise ValueError(f"leaf {leaf.get('path')!r} has unknown kind {leaf['kind']!r}")
-    kind = LeafKind(leaf["kind"])
-    dtype = np.dtype(str(leaf["dtype"]))
-    if dtype.kind not in STORABLE_DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
-        raise ValueError(f"leaf {leaf.get('path')!r} has dtype {dtype}, which hpckpt never writes")
+    dtype = _storable_dtype(str(leaf["dtype"]))
+    if dtype is None:
+        raise ValueError(f"leaf {leaf.get('path')!r} has dtype {np.dtype(str(leaf['dtype']))}, "
+                         "which hpckpt never writes")
     global_shape = leaf["global_shape"]
     encoding = leaf.get("encoding")
     if encoding is not None and (encoding not in ENCODINGS or not encoding_fits(encoding, kind, dtype)):
@@ -94,33 +96,52 @@ def leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
             f"leaf {leaf.get('path')!r} has encoding {encoding!r} on a {kind} {dtype} leaf; hpckpt writes "
             f"only 'pickle' (local uint8), {PACKED!r} (local uint8) and 'bfloat16' (uint16)"
         )
-    for block in leaf["blocks"]:
-        if any(int(n) < 0 for n in list(block["shape"]) + list(block["offset"])):
-            raise ValueError(f"leaf {leaf.get('path')!r} has a block with a negative shape or offset")
-        if global_shape is not None and (
-            len(block["offset"]) != len(global_shape)
-            or any(int(o) + int(n) > int(g) for o, n, g in zip(block["offset"], block["shape"], global_shape))
-        ):
-            raise ValueError(f"leaf {leaf.get('path')!r} has a block outside its global shape {global_shape}")
+    whole = None if global_shape is None else tuple(int(n) for n in global_shape)
     what = f"leaf {leaf['path']!r}"
     return LeafRecord(
         path=str(leaf["path"]),
         kind=kind,
         dtype=str(leaf["dtype"]),
-        global_shape=None if global_shape is None else tuple(int(n) for n in global_shape),
-        blocks=tuple(_block_from_dict(block, what, step, encoding) for block in leaf["blocks"]),
+        global_shape=whole,
+        blocks=tuple(_block_from_dict(block, what, step, encoding, whole) for block in leaf["blocks"]),
         location=location_from({str(k): v for k, v in leaf.get("location", {}).items()}, f"{what} location",
                                step),
         encoding=encoding,
     )
 
 
-def _block_from_dict(block: dict[str, Any], what: str, step: int, encoding: str | None) -> Block:
-    """A block of the leaf ``what`` (of ``encoding``) of step ``step`` from its JSON."""
+_KIND_OF = {kind.value: kind for kind in LeafKind}
+
+
+@functools.lru_cache(maxsize=64)
+def _storable_dtype(text: str) -> np.dtype | None:
+    """The dtype named ``text`` where hpckpt writes leaves of it, else None (a manifest
+    names a few dtypes, each for many leaves).
+    """
+    dtype = np.dtype(text)
+    if dtype.kind not in STORABLE_DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
+        return None
+    return dtype
+
+
+def _block_from_dict(
+    block: dict[str, Any], what: str, step: int, encoding: str | None, global_shape: tuple[int, ...] | None
+) -> Block:
+    """A block of the leaf ``what`` (of ``encoding`` and ``global_shape``, None for a
+    local leaf) of step ``step`` from its JSON, checked to lie inside the global shape.
+    """
+    offset = tuple(int(n) for n in block["offset"])
+    shape = tuple(int(n) for n in block["shape"])
+    if any(n < 0 for n in shape) or any(n < 0 for n in offset):
+        raise ValueError(f"{what} has a block with a negative shape or offset")
+    if global_shape is not None and (
+        len(offset) != len(global_shape) or any(o + n > g for o, n, g in zip(offset, shape, global_shape))
+    ):
+        raise ValueError(f"{what} has a block outside its global shape {list(global_shape)}")
     return Block(
         rank=int(block["rank"]),
-        offset=tuple(int(n) for n in block["offset"]),
-        shape=tuple(int(n) for n in block["shape"]),
+        offset=offset,
+        shape=shape,
         checksum=str(block["checksum"]),
         location=location_from(block.get("location", {}), f"{what} block location", step),
         members=_members(block.get("members", []), encoding),
@@ -158,6 +179,8 @@ def location_from(raw: Any, what: str, step: int) -> dict[str, Any]:
     the step directory, its ``in_step`` an earlier step (ValueError if not).
     """
     location = dict(raw)
+    if not location:
+        return location
     for key in ("file", "directory"):
         if key in location:
             safe_name(location[key], f"{what} {key}")

@@ -38,9 +38,16 @@ class Overlap:
 
 
 def overlaps(record: LeafRecord, box: Box) -> list[Overlap]:
-    """The stored blocks of a distributed leaf that share elements with ``box``, in order."""
+    """The stored blocks of a distributed or replicated leaf that share elements with
+    ``box``, in order.
+    """
     if math.prod(box[1]) == 0:
         return []
+    if box[1] == record.global_shape and not any(box[0]):  # the whole array: each block lies in it
+        return [Overlap(block, tuple(slice(o, o + n) for o, n in zip(block.offset, block.shape)),
+                        tuple(slice(0, n) for n in block.shape), exact=(block.offset, block.shape) == box,
+                        inside=True)
+                for block in record.blocks if all(block.shape)]
     found = []
     for block in record.blocks:
         stored_box = (block.offset, block.shape)
