@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import importlib.util
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -62,10 +63,10 @@ def _load() -> Any:
     global _library
     if _library is not None:
         return _library
-    import adios2
     from mpi4py import MPI
 
-    libraries = [_open_library(adios2, name) for name in ("adios2_c_mpi", "adios2_c")]
+    directory = package_directory()
+    libraries = [_open_library(directory, name) for name in ("adios2_c_mpi", "adios2_c")]
     pointer, status = ctypes.c_void_p, ctypes.c_int
     comm_type = ctypes.c_int if MPI._sizeof(MPI.Comm) == ctypes.sizeof(ctypes.c_int) else ctypes.c_void_p
     signatures = {
@@ -137,9 +138,32 @@ def writes_now() -> bool:
     return _load().adios2_perform_data_write is not None
 
 
-def _open_library(package: Any, name: str) -> ctypes.CDLL:
-    """ADIOS2's C library ``lib<name>.so``: next to the Python package, or on the library path."""
-    beside = Path(package.__file__).parent / f"lib{name}.so"
+def package_directory() -> Path:
+    """The directory of the adios2 Python package, found without importing it: its
+    high-level API imports torch where torch is installed (1.5 s of a process's start),
+    and the adios2 backend needs only the C library beside it.
+
+    Raises ImportError when there is no adios2 package.
+    """
+    spec = importlib.util.find_spec("adios2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("no adios2 Python package on sys.path")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def built_with_mpi(directory: Path) -> bool:
+    """Whether the ADIOS2 of the adios2 package in ``directory`` has its MPI C library
+    (``libadios2_c_mpi``; PyPI's adios2 wheel, built without MPI, has none), beside the
+    package or on the library path.
+    """
+    return (directory / "libadios2_c_mpi.so").exists() or ctypes.util.find_library("adios2_c_mpi") is not None
+
+
+def _open_library(directory: Path, name: str) -> ctypes.CDLL:
+    """ADIOS2's C library ``lib<name>.so``: in the adios2 package's ``directory``, or on
+    the library path.
+    """
+    beside = directory / f"lib{name}.so"
     found = str(beside) if beside.exists() else ctypes.util.find_library(name)
     if found is None:
         raise ImportError(

@@ -55,7 +55,9 @@ from .adios2_c import (
     ZERO_COPY,
     BP5File,
     BP5Step,
+    built_with_mpi,
     features,
+    package_directory,
 )
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 from .bp5_pieces import BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
@@ -105,17 +107,19 @@ _ADIOS2_FIX = (
 
 
 def _require_adios2() -> None:
-    """Raise ``ImportError`` saying how to install it unless ADIOS2 is there, built with MPI."""
+    """Raise ``ImportError`` saying how to install it unless ADIOS2 is there, built with
+    MPI (told without importing the adios2 package, see :func:`~.adios2_c.package_directory`).
+    """
     try:
-        import adios2
+        directory = package_directory()
     except ImportError as exc:
         raise ImportError(
             f"the adios2 backend needs the adios2 Python package built with MPI: {_ADIOS2_FIX}"
         ) from exc
-    if not adios2.is_built_with_mpi:
+    if not built_with_mpi(directory):
         raise ImportError(
-            "the adios2 backend needs ADIOS2 built with MPI, and this one is not "
-            f"(adios2.is_built_with_mpi is False, as in PyPI's adios2 wheel): {_ADIOS2_FIX}"
+            "the adios2 backend needs ADIOS2 built with MPI, and this one is not (no libadios2_c_mpi: "
+            f"adios2.is_built_with_mpi is False, as in PyPI's adios2 wheel): {_ADIOS2_FIX}"
         )
 
 

@@ -10,6 +10,8 @@ Real BP5 files, one process (COMM_SELF)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +139,21 @@ def test_every_step_waits_quietly_where_the_adios2_can() -> None:
     assert open_backend("adios2").parameters["QuietWait"] == "true"
     chosen = open_backend("adios2", {"parameters": {"QuietWait": "false"}})
     assert chosen.parameters["QuietWait"] == "false"
+
+
+def test_the_backend_loads_adios2_without_its_python_api(tmp_path: Path) -> None:
+    """The adios2 backend finds ADIOS2's C library without importing the adios2 package,
+    whose high-level API imports torch where torch is installed (1.5 s of each process's
+    start): a save and a restore leave adios2 and torch unimported."""
+    job = (
+        "import sys, numpy as np, hpckpt\n"
+        f"ckpt = hpckpt.Checkpointer({str(tmp_path)!r}, backend='adios2')\n"
+        "u = np.arange(6.0); state = {'u': hpckpt.Replicated(u)}\n"
+        "ckpt.save(1, state); u[:] = 0; ckpt.restore(state)\n"
+        "assert u.tolist() == list(np.arange(6.0))\n"
+        "print(sorted(name for name in ('adios2', 'torch') if name in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
