@@ -156,15 +156,20 @@ def built_with_mpi(directory: Path) -> bool:
     (``libadios2_c_mpi``; PyPI's adios2 wheel, built without MPI, has none), beside the
     package or on the library path.
     """
-    return (directory / "libadios2_c_mpi.so").exists() or ctypes.util.find_library("adios2_c_mpi") is not None
+    return _library_path(directory, "adios2_c_mpi") is not None
+
+
+def _library_path(directory: Path, name: str) -> str | None:
+    """Where ADIOS2's C library ``lib<name>.so`` is: in the adios2 package's
+    ``directory``, or on the library path; None if in neither.
+    """
+    beside = directory / f"lib{name}.so"
+    return str(beside) if beside.exists() else ctypes.util.find_library(name)
 
 
 def _open_library(directory: Path, name: str) -> ctypes.CDLL:
-    """ADIOS2's C library ``lib<name>.so``: in the adios2 package's ``directory``, or on
-    the library path.
-    """
-    beside = directory / f"lib{name}.so"
-    found = str(beside) if beside.exists() else ctypes.util.find_library(name)
+    """ADIOS2's C library ``lib<name>.so``, found by :func:`_library_path`."""
+    found = _library_path(directory, name)
     if found is None:
         raise ImportError(
             f"the adios2 backend writes through ADIOS2's C library lib{name}.so, which is neither next "

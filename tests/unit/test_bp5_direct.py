@@ -10,7 +10,6 @@ Real BP5 files, one process (COMM_SELF)."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from hpckpt.storage import bp5, direct, open_backend
 from hpckpt.storage.adios2_c import features
 from hpckpt.storage.base import BlockData
 from tests.page_cache import cached_pages, evict
+from tests.processes import run_group
 
 PAGE = direct.ALIGNMENT
 
@@ -153,7 +153,7 @@ def test_the_backend_loads_adios2_without_its_python_api(tmp_path: Path) -> None
         "assert u.tolist() == list(np.arange(6.0))\n"
         "print(sorted(name for name in ('adios2', 'torch') if name in sys.modules))\n"
     )
-    result = subprocess.run([sys.executable, "-c", job], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    result = run_group([sys.executable, "-c", job], timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
