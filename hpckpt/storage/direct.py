@@ -33,6 +33,7 @@ Not collective; each call writes one file.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import threading
@@ -152,16 +153,19 @@ def _run_parts(run: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[me
             return
         first, last = stretch[0][0], stretch[-1][0] + len(stretch[-1][1])
         start, end = _direct_range(first, last - first)
-        views = [view for _, view in stretch]
         if start == end:
-            parts.append((first, views, _Part.BUFFERED))
+            parts.append((first, [view for _, view in stretch], _Part.BUFFERED))
         else:
-            parts.append((first, _between(stretch, first, start), _Part.BUFFERED))
-            parts.append((start, _between(stretch, start, end), _Part.BOUNCED))
-            parts.append((end, _between(stretch, end, last), _Part.BUFFERED))
+            starts = [offset for offset, _ in stretch]
+            parts.append((first, _between(stretch, starts, first, start), _Part.BUFFERED))
+            parts.append((start, _between(stretch, starts, start, end), _Part.BOUNCED))
+            parts.append((end, _between(stretch, starts, end, last), _Part.BUFFERED))
         stretch.clear()
 
     for offset, view in run:
+        if len(view) < DIRECT_MIN:  # most pieces of a pack of small leaves: at once
+            stretch.append((offset, view))
+            continue
         start, end = _direct_range(offset, len(view))
         if start == end or (_address(view) + start - offset) % ALIGNMENT:
             stretch.append((offset, view))
@@ -174,14 +178,21 @@ def _run_parts(run: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[me
     return parts
 
 
-def _between(stretch: Sequence[tuple[int, memoryview]], low: int, high: int) -> list[memoryview]:
-    """The views of the file bytes ``[low, high)`` of contiguous ``stretch``."""
-    views = []
-    for offset, view in stretch:
-        lo, hi = max(low, offset), min(high, offset + len(view))
-        if lo < hi:
-            views.append(view[lo - offset : hi - offset])
-    return views
+def _between(
+    stretch: Sequence[tuple[int, memoryview]], starts: Sequence[int], low: int, high: int
+) -> list[memoryview]:
+    """The views of the file bytes ``[low, high)`` of contiguous ``stretch``, whose
+    pieces start at ``starts``: only the first and the last piece are cut.
+    """
+    if low >= high:
+        return []
+    pieces = stretch[bisect.bisect_right(starts, low) - 1 : bisect.bisect_left(starts, high)]
+    views = [view for _, view in pieces]
+    tail = pieces[-1][0] + len(views[-1]) - high
+    if tail > 0:
+        views[-1] = views[-1][: len(views[-1]) - tail]
+    views[0] = views[0][low - pieces[0][0] :]
+    return views if len(views[0]) and len(views[-1]) else [view for view in views if len(view)]
 
 
 def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryview]]:

@@ -107,6 +107,22 @@ def test_many_small_pieces_make_one_direct_run_across_filled_gaps(place: Path) -
     assert np.array_equal(np.fromfile(place / "runs.bin", np.uint8), expected)
 
 
+def test_thousands_of_small_pieces_in_one_run_are_cut_only_at_its_direct_range(place: Path) -> None:
+    """A pack's shape: 3,000 pieces of 4 KiB + 8 bytes after one another; the whole pages
+    between the run's unaligned ends go out directly, the ends through the page cache."""
+    arrays = [_random(PAGE + 8, seed) for seed in range(3000)]
+    first = 100
+    pieces, offset = [], first
+    for array in arrays:
+        pieces.append((offset, array.data))
+        offset += len(array)
+    path = place / "pack.bin"
+    written_directly = direct.write_pieces(path, pieces)
+    stored = np.fromfile(path, np.uint8)
+    assert np.array_equal(stored[first:], np.concatenate(arrays))
+    assert written_directly == offset // PAGE * PAGE - PAGE  # from the first whole page to the last
+
+
 def test_a_gap_of_max_gap_bytes_or_more_ends_a_run(place: Path) -> None:
     half = _random(direct.DIRECT_MIN // 2, 7)
     pieces = [(0, half.data), (len(half) + direct.MAX_GAP, half.data)]

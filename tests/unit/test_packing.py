@@ -233,3 +233,13 @@ def test_host_checksums_wait_for_the_sync_unless_a_delta_compares_them(tmp_path,
     big = reader.record("big", 2).blocks[0]
     assert big.checksum == xxhash.xxh3_64_hexdigest(state["big"].array.tobytes())
     assert (big.in_step is not None) == (incremental == 2)  # the delta found the unchanged block
+
+
+def test_stored_dtype_names_the_dtypes_stored_as_they_are_and_remembers_them():
+    from hpckpt.buffers.host import stored_dtype
+
+    assert [stored_dtype(np.dtype(name)) for name in ("f8", ">i4", "?", "c16", "u2")] == [
+        "<f8", ">i4", "|b1", "<c16", "<u2"]
+    assert stored_dtype(np.dtype(object)) is None and stored_dtype(np.dtype("V2")) is None
+    assert stored_dtype(np.dtype([("a", "f4")])) is None  # records are not stored
+    assert stored_dtype(np.dtype("f8")) is stored_dtype(np.dtype("float64"))  # one string per dtype

@@ -67,6 +67,22 @@ def test_stage_packs_small_local_leaves_and_leaves_exact_checksums_for_later():
     PACK_BUFFERS.give_back(staged.lent)
 
 
+def test_a_pack_keeps_small_leaves_in_tree_order_whichever_path_plans_them():
+    """Plain Local leaves are told apart at once, the others (a subclass, a non-contiguous
+    array, bfloat16-like dtypes) by the general path: the pack's order stays the tree's."""
+
+    class Tagged(hpckpt.Local):
+        pass
+
+    state = {"a": hpckpt.Local(np.arange(3.0)), "b": Tagged(np.arange(4)),
+             "c": hpckpt.Local(np.arange(10.0)[::2]), "d": hpckpt.Local(np.ones(2, np.float32))}
+    staged = stage(state, open_backend("posix"), 0, 1, checksum_later=False)
+    pack = next(leaf for leaf in staged.plan.leaves if leaf.path == PACK_PATH)
+    assert [(path, dtype, shape) for path, dtype, shape, _ in pack.members] == [
+        ("a", "<f8", (3,)), ("b", np.dtype(int).str, (4,)), ("c", "<f8", (5,)), ("d", "<f4", (2,))]
+    assert np.array_equal(staged.arrays[PACK_PATH][-8:].view(np.float32), np.ones(2, np.float32))
+
+
 def test_stage_of_a_save_that_compares_blocks_knows_every_checksum():
     staged = stage(make_state(), open_backend("posix"), 0, 1, checksum_later=False)
     assert not staged.deferred.blocks
