@@ -1,6 +1,6 @@
 """The JSON of a manifest's records, and the checks that a manifest is one hpckpt wrote.
 
-Encoding gives plain JSON types (:func:`leaf_dict`, :func:`block_dict`); decoding
+Encoding gives what JSON writes as it is (:func:`leaf_dict`, :func:`block_dict`); decoding
 (:func:`leaf_from_dict`) checks every value before it builds a record: a kind of
 :class:`~hpckpt.model.kinds.LeafKind`, a dtype hpckpt writes, blocks inside the global
 shape, file names inside the step directory (:func:`safe_name`), references to earlier
@@ -72,11 +72,11 @@ def leaf_dict(record: LeafRecord, with_blocks: bool = True) -> dict[str, Any]:
 
 
 def block_dict(block: Block) -> dict[str, Any]:
-    """``block`` as plain JSON types; ``members`` only for a pack block."""
+    """``block`` as JSON writes it (tuples as arrays); ``members`` only for a pack block."""
     body = {"rank": block.rank, "offset": block.offset, "shape": block.shape, "checksum": block.checksum,
             "location": block.location}
     if block.members:
-        body["members"] = [[m.path, m.dtype, m.shape, m.encoding] for m in block.members]
+        body["members"] = block.members  # Member tuples: JSON arrays of (path, dtype, shape, encoding)
     return body
 
 
