@@ -59,7 +59,13 @@ def describe_encoding(encoding: str | None) -> str:
 @functools.lru_cache(maxsize=64)
 def itemsize(dtype: str) -> int:
     """Bytes per element of ``dtype`` (cached: layouts ask once per block, 10,000s per save)."""
-    return np.dtype(dtype).itemsize
+    return numpy_dtype(dtype).itemsize
+
+
+@functools.lru_cache(maxsize=256)
+def numpy_dtype(name: str) -> np.dtype:
+    """The dtype called ``name`` (cached: a manifest names a few dtypes, each for many leaves)."""
+    return np.dtype(name)
 
 
 class Member(NamedTuple):
@@ -151,12 +157,18 @@ class Block:
         location = {**self.location, IN_STEP: step}
         return Block(self.rank, self.offset, self.shape, self.checksum, location, self.members)
 
-    def member_block(self, shape: tuple[int, ...], start: int) -> Block:
-        """The block of a member of this pack block: of ``shape``, from byte ``start``; it
-        carries the pack block's checksum, its step and its codec.
+    def member_blocks(self) -> list[tuple[Member, Block]]:
+        """The members of this pack block, each with its block: of its shape, from its
+        first byte (:attr:`pack_start`); it carries the pack block's checksum, its step
+        and its codec. ValueError unless their sizes add up to the block's.
         """
-        location = {PACK_START: start, **{k: v for k, v in self.location.items() if k in _PACK_KEYS}}
-        return Block(self.rank, (), shape, self.checksum, location)
+        starts = member_starts(self.members)
+        if self.shape != (starts[-1],):
+            raise ValueError(f"the pack block of rank {self.rank} holds {self.shape} bytes "
+                             f"but its members take {starts[-1]}")
+        shared = {key: value for key, value in self.location.items() if key in _PACK_KEYS}
+        return [(member, Block(self.rank, (), member.shape, self.checksum, {PACK_START: start, **shared}))
+                for member, start in zip(self.members, starts)]
 
 
 @dataclass(frozen=True)
@@ -216,17 +228,18 @@ def open_pack(records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
     """
     leaves = {record.path: record for record in records if record.encoding != PACKED}
     packed: dict[str, list[Block]] = {}
-    details: dict[str, tuple[np.dtype, str | None, str]] = {}
+    details: dict[str, tuple[str, str | None]] = {}  # dtype name and encoding, as the first rank gives them
     for record in records:
         if record.encoding != PACKED:
             continue
         if record.path != PACK_PATH:
             raise ValueError(f"a pack is stored at {record.path!r}, not at {PACK_PATH!r}")
         for block in record.blocks:
-            for member, member_block in _members_of(block):
-                dtype = np.dtype(member.dtype)
-                known = details.setdefault(member.path, (dtype, member.encoding, member.dtype))
-                if known[:2] != (dtype, member.encoding):
+            for member, member_block in block.member_blocks():
+                known = details.setdefault(member.path, (member.dtype, member.encoding))
+                if known != (member.dtype, member.encoding) and (
+                    numpy_dtype(known[0]) != numpy_dtype(member.dtype) or known[1] != member.encoding
+                ):
                     raise ValueError(
                         f"packed leaf {member.path!r} has another dtype or encoding on rank {block.rank}"
                     )
@@ -236,33 +249,22 @@ def open_pack(records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
     return tuple(leaves.values())
 
 
-def _members_of(block: Block) -> list[tuple[Member, Block]]:
-    """The members of pack ``block`` with their blocks; ValueError unless their sizes add
-    up to the block's.
-    """
-    starts = member_starts(block.members)
-    if block.shape != (starts[-1],):
-        raise ValueError(
-            f"the pack block of rank {block.rank} holds {block.shape} bytes but its members take {starts[-1]}"
-        )
-    return [(member, block.member_block(member.shape, start)) for member, start in zip(block.members, starts)]
-
-
 def _packed_record(
-    path: str, details: tuple[np.dtype, str | None, str], alone: LeafRecord | None, blocks: list[Block]
+    path: str, details: tuple[str, str | None], alone: LeafRecord | None, blocks: list[Block]
 ) -> LeafRecord:
-    """The Local record of the packed leaf ``path`` (its dtype, encoding and dtype name in
+    """The Local record of the packed leaf ``path`` (its dtype name and encoding in
     ``details``): its member ``blocks``, and those of its record ``alone`` where other
     ranks store it on its own.
     """
-    dtype, encoding, name = details
-    if alone is not None and (
-        (alone.kind, np.dtype(alone.dtype), alone.encoding) != (LeafKind.LOCAL, dtype, encoding)
-    ):
+    name, encoding = details
+    expected = (LeafKind.LOCAL, numpy_dtype(name), encoding)
+    if alone is not None and (alone.kind, numpy_dtype(alone.dtype), alone.encoding) != expected:
         raise ValueError(
             f"leaf {path!r} is packed on some ranks and a {alone.kind} {alone.dtype} leaf on others"
         )
     every = (alone.blocks if alone is not None else ()) + tuple(blocks)
+    if all(first.rank < then.rank for first, then in itertools.pairwise(every)):  # in rank order: most
+        return LeafRecord(path, LeafKind.LOCAL, name, None, every, encoding=encoding)
     if len({block.rank for block in every}) != len(every):
         raise ValueError(f"leaf {path!r} has two blocks of one rank")
     ordered = tuple(sorted(every, key=lambda block: block.rank))
