@@ -16,7 +16,7 @@ import numpy as np
 from .boxes import Box, intersection, local_slices
 from .kinds import LeafKind
 from .manifest import Manifest
-from .records import Block, LeafRecord, stored_file
+from .records import Block, LeafRecord, numpy_dtype, stored_file
 
 LocalSource = Callable[[int], int]  # new rank -> the writer rank whose Local blocks it takes
 
@@ -195,4 +195,5 @@ def member_bytes(pack: np.ndarray, record: LeafRecord, block: Block) -> np.ndarr
     """
     start = block.pack_start
     assert start is not None  # a packed leaf's block (is_member)
-    return pack[start : start + block.size * record.itemsize].view(record.dtype).reshape(block.shape)
+    stored = pack[start : start + block.size * record.itemsize]
+    return stored.view(numpy_dtype(record.dtype)).reshape(block.shape)

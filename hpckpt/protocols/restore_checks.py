@@ -20,6 +20,7 @@ from ..errors import StateMismatchError
 from ..model.kinds import LeafKind
 from ..model.leaves import ARRAY_LEAF_TYPES, Distributed, Local, Replicated
 from ..model.manifest import Block, LeafRecord, Manifest, describe_encoding
+from ..model.records import numpy_dtype
 from ..model.tree import Slot
 from .restore_target import RestoreTarget
 
@@ -152,8 +153,10 @@ def _leaf_differences(
         return [f"leaf {path!r} is {describe_encoding(record.encoding)} in the checkpoint but "
                 f"{describe_encoding(encoding)} in the state; restore it into the same kind of leaf"]
     found = []
-    dtype = host_dtype(leaf.array, path)
-    if dtype != np.dtype(record.dtype):
+    array = leaf.array
+    # a NumPy array stored as it is (most leaves) tells its dtype at once (bfloat16 has an encoding)
+    dtype = array.dtype if encoding is None and type(array) is np.ndarray else host_dtype(array, path)
+    if dtype != numpy_dtype(record.dtype):
         found.append(f"leaf {path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")
     if isinstance(leaf, Distributed):
         if leaf.global_shape != record.global_shape:
