@@ -52,6 +52,7 @@ from .records import (
     LeafRecord,
     Member,
     Shard,
+    check_pack,
     describe_encoding,
     encoded_location,
     member_starts,
@@ -155,7 +156,7 @@ class Manifest:
             }
             read_shards(body, self.step, read_shard, wanted)
             manifest = replace(self, leaves=tuple(leaf_from_dict(leaf, self.step) for leaf in body["leaves"]))
-            manifest.tree_leaves  # noqa: B018 (opens the pack, which checks it)
+            check_pack(manifest.leaves)
             return manifest
         except _INVALID as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc
@@ -182,7 +183,7 @@ class Manifest:
         """
         try:
             manifest = cls(**read_fields(text, read_shard, wanted))
-            manifest.tree_leaves  # noqa: B018 (opens the pack, which checks it)
+            check_pack(manifest.leaves)
             return manifest
         except _INVALID as exc:
             raise CorruptCheckpointError(f"{source}: not a valid hpckpt manifest: {exc}") from exc

@@ -11,8 +11,9 @@ from mpi4py import MPI
 
 import hpckpt
 from hpckpt import CorruptCheckpointError, InvalidStateError
+from hpckpt.model.kinds import LeafKind
 from hpckpt.model.layout import PACK_LIMIT, LeafPlan, RankPlan, merge_plans, pack_plan
-from hpckpt.model.manifest import PACK_PATH, PACKED, Manifest, Member
+from hpckpt.model.manifest import PACK_PATH, PACKED, Block, LeafRecord, Manifest, Member
 from tests.helpers import BACKENDS
 from tests.processes import run_group
 
@@ -243,3 +244,28 @@ def test_stored_dtype_names_the_dtypes_stored_as_they_are_and_remembers_them():
     assert stored_dtype(np.dtype(object)) is None and stored_dtype(np.dtype("V2")) is None
     assert stored_dtype(np.dtype([("a", "f4")])) is None  # records are not stored
     assert stored_dtype(np.dtype("f8")) is stored_dtype(np.dtype("float64"))  # one string per dtype
+
+
+def test_checking_a_pack_finds_what_opening_it_finds_across_ranks():
+    from hpckpt.model.records import check_pack, open_pack
+
+    def pack(*blocks: Block) -> LeafRecord:
+        return LeafRecord(PACK_PATH, LeafKind.LOCAL, "|u1", None, blocks, encoding=PACKED)
+
+    def block(rank: int, *members: Member) -> Block:
+        return Block(rank, (), (sum(m.nbytes for m in members),), "p", {}, members)
+
+    dtype = [pack(block(0, member("x")), block(1, member("x", "<f4")))]
+    replicated = LeafRecord("x", LeafKind.REPLICATED, "<f8", (2,), (Block(0, (0,), (2,), "c"),))
+    alone = [pack(block(1, member("x"))), replicated]
+    twice = [pack(block(0, member("x")), block(0, member("y")), block(0, member("x")))]
+    for records, problem in ((dtype, "packed leaf 'x' has another dtype or encoding on rank 1"),
+                             (alone, "leaf 'x' is packed on some ranks and a replicated <f8 leaf on others"),
+                             (twice, "leaf 'x' has two blocks of one rank")):
+        with pytest.raises(ValueError, match=problem):
+            check_pack(records)
+        with pytest.raises(ValueError, match=problem):
+            open_pack(records)
+    fine = [pack(block(0, member("x"), member("y")), block(1, member("x")))]
+    check_pack(fine)
+    assert [(r.path, [b.rank for b in r.blocks]) for r in open_pack(fine)] == [("x", [0, 1]), ("y", [0])]
