@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import operator
 import re
 from typing import Any
 
@@ -96,17 +97,14 @@ def leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
             f"leaf {leaf.get('path')!r} has encoding {encoding!r} on a {kind} {dtype} leaf; hpckpt writes "
             f"only 'pickle' (local uint8), {PACKED!r} (local uint8) and 'bfloat16' (uint16)"
         )
-    whole = None if global_shape is None else tuple(int(n) for n in global_shape)
+    whole = None if global_shape is None else tuple(map(int, global_shape))
     what = f"leaf {leaf['path']!r}"
+    location = leaf.get("location")
     return LeafRecord(
-        path=str(leaf["path"]),
-        kind=kind,
-        dtype=str(leaf["dtype"]),
-        global_shape=whole,
-        blocks=tuple(_block_from_dict(block, what, step, encoding, whole) for block in leaf["blocks"]),
-        location=location_from({str(k): v for k, v in leaf.get("location", {}).items()}, f"{what} location",
-                               step),
-        encoding=encoding,
+        str(leaf["path"]), kind, str(leaf["dtype"]), whole,
+        tuple([_block_from_dict(block, what, step, encoding, whole) for block in leaf["blocks"]]),
+        location_from({str(k): v for k, v in location.items()}, f"{what} location", step) if location else {},
+        encoding,
     )
 
 
@@ -130,22 +128,17 @@ def _block_from_dict(
     """A block of the leaf ``what`` (of ``encoding`` and ``global_shape``, None for a
     local leaf) of step ``step`` from its JSON, checked to lie inside the global shape.
     """
-    offset = tuple(int(n) for n in block["offset"])
-    shape = tuple(int(n) for n in block["shape"])
-    if any(n < 0 for n in shape) or any(n < 0 for n in offset):
+    offset = tuple(map(int, block["offset"]))
+    shape = tuple(map(int, block["shape"]))
+    if (shape and min(shape) < 0) or (offset and min(offset) < 0):
         raise ValueError(f"{what} has a block with a negative shape or offset")
-    if global_shape is not None and (
-        len(offset) != len(global_shape) or any(o + n > g for o, n, g in zip(offset, shape, global_shape))
-    ):
+    ends = map(operator.add, offset, shape)
+    if global_shape is not None and (len(offset) != len(global_shape)
+                                     or any(map(operator.gt, ends, global_shape))):
         raise ValueError(f"{what} has a block outside its global shape {list(global_shape)}")
-    return Block(
-        rank=int(block["rank"]),
-        offset=offset,
-        shape=shape,
-        checksum=str(block["checksum"]),
-        location=location_from(block.get("location", {}), f"{what} block location", step),
-        members=_members(block.get("members", []), encoding),
-    )
+    return Block(int(block["rank"]), offset, shape, str(block["checksum"]),
+                 location_from(block.get("location", {}), f"{what} block location", step),
+                 _members(block.get("members"), encoding))
 
 
 def encoding_fits(encoding: str, kind: LeafKind, dtype: np.dtype) -> bool:
