@@ -157,7 +157,7 @@ class Block:
         location = {**self.location, IN_STEP: step}
         return Block(self.rank, self.offset, self.shape, self.checksum, location, self.members)
 
-    def member_starts(self) -> list[int]:
+    def checked_member_starts(self) -> list[int]:
         """The first byte of each member of this pack block (:func:`member_starts`), the
         block's size last; ValueError unless their sizes add up to the block's.
         """
@@ -228,14 +228,11 @@ def open_pack(records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:
     its bytes or a rank has two blocks of one leaf (what :func:`check_pack` checks).
     """
     leaves, packed = _packed_members(records)
-    shared: dict[int, dict[str, Any]] = {}  # each pack block's pack_location, by id
+    shared = {id(block): block.pack_location()  # what each pack block's members carry of its location
+              for record in records if record.encoding == PACKED for block in record.blocks}
     for path, found in packed.items():
-        blocks = []
-        for pack, member, start in found:  # a member's block carries its pack block's checksum
-            location = shared.get(id(pack))
-            if location is None:
-                location = shared[id(pack)] = pack.pack_location()
-            blocks.append(Block(pack.rank, (), member.shape, pack.checksum, {PACK_START: start, **location}))
+        blocks = [Block(pack.rank, (), member.shape, pack.checksum, {PACK_START: start, **shared[id(pack)]})
+                  for pack, member, start in found]  # a member's block carries its pack block's checksum
         leaves[path] = _packed_record(path, found[0][1], leaves.get(path), blocks)
     return tuple(leaves.values())
 
@@ -267,7 +264,7 @@ def _packed_members(
         if record.path != PACK_PATH:
             raise ValueError(f"a pack is stored at {record.path!r}, not at {PACK_PATH!r}")
         for block in record.blocks:
-            for member, start in zip(block.members, block.member_starts()):
+            for member, start in zip(block.members, block.checked_member_starts()):
                 found = packed.setdefault(member.path, [])
                 first = found[0][1] if found else member
                 if (first.dtype, first.encoding) != (member.dtype, member.encoding) and (

@@ -157,7 +157,7 @@ def _leaf_differences(
     # a NumPy array stored as it is (most leaves) tells its dtype at once (bfloat16 has an encoding)
     dtype = array.dtype if encoding is None and type(array) is np.ndarray else host_dtype(array, path)
     if dtype != numpy_dtype(record.dtype):
-        found.append(f"leaf {path!r} has dtype {dtype} but the checkpoint has {np.dtype(record.dtype)}")
+        found.append(f"leaf {path!r} has dtype {dtype} but the checkpoint has {numpy_dtype(record.dtype)}")
     if isinstance(leaf, Distributed):
         if leaf.global_shape != record.global_shape:
             found.append(f"leaf {path!r} has global_shape {leaf.global_shape} "
