@@ -7,6 +7,9 @@ pin that order for each path, so that a change to it shows here before it hangs 
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -14,11 +17,12 @@ import pytest
 
 import hpckpt
 from hpckpt.buffers.host import PACK_BUFFERS
+from hpckpt.checksum import block_checksum
 from hpckpt.model.kinds import LeafKind
 from hpckpt.model.layout import AgreedLayout, planned_blocks, recorded_blocks
 from hpckpt.model.manifest import PACK_PATH
 from hpckpt.model.plans import LATER, PACK_LIMIT, plan_digests
-from hpckpt.protocols.save import CommittedLayout, LayoutMemory, SaveRequest, StepSaver
+from hpckpt.protocols.save import CommittedLayout, LayoutMemory, SaveRequest, StepSaver, planning
 from hpckpt.protocols.save.agreement import agree_on_layout
 from hpckpt.protocols.save.context import SaveContext
 from hpckpt.protocols.save.group_layout import MergeInGroups
@@ -64,6 +68,23 @@ def test_stage_packs_small_local_leaves_and_leaves_exact_checksums_for_later():
     assert set(computed.blocks) == set(staged.deferred.blocks) and list(computed.chunks) == ["weights"]
     assert staged.plan.values == {"iteration": 0}
     assert len(staged.lent) == 1  # the pack's buffer, to give back after the write
+    PACK_BUFFERS.give_back(staged.lent)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread has a priority of its own on Linux only")
+def test_the_checksum_thread_runs_at_a_lower_priority_than_the_rank(monkeypatch):
+    staged = stage(make_state(), open_backend("posix"), 0, 1, checksum_later=True)
+    seen: list[int] = []
+
+    def checksum(array: np.ndarray) -> str:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return block_checksum(array)
+
+    monkeypatch.setattr(planning, "block_checksum", checksum)
+    computed = checksum_in_background(staged).result()
+    assert set(computed.blocks) == set(staged.deferred.blocks)
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen and set(seen) == {min(ours + planning.CHECKSUM_NICENESS, 19)}
     PACK_BUFFERS.give_back(staged.lent)
 
 

@@ -9,6 +9,9 @@ helper thread that runs during the write (:func:`checksum_in_background`).
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -305,6 +308,11 @@ def _pack(
     return pack_plan([member for member, _ in members], block.nbytes, checksum, stored_bytes, encoded.codec)
 
 
+CHECKSUM_NICENESS = 10
+"""How much lower the checksum thread's priority is than the rank's (a niceness of 10
+weighs a tenth of the default in Linux's scheduler)."""
+
+
 def checksum_in_background(staged: StagedRank) -> Future[Checksums]:
     """Start checksumming the arrays that ``staged`` left for later in a helper thread.
     Not collective.
@@ -314,10 +322,14 @@ def checksum_in_background(staged: StagedRank) -> Future[Checksums]:
     at planning). The save starts it before its write and collects it after
     the fsync, so the hashing runs while the disk is busy: during a direct write, which
     leaves little for the fsync, as much as during the write-back of a buffered one
-    (xxh3 releases the GIL).
+    (xxh3 releases the GIL). The thread runs at a lower priority
+    (:data:`CHECKSUM_NICENESS`): it takes the CPU that the save's own path leaves idle,
+    not the serial work every rank waits for (the hdf5 backend's layout on rank 0) or
+    the application's compute beside a non-blocking save.
     """
 
     def checksums() -> Checksums:
+        _lower_priority(CHECKSUM_NICENESS)
         blocks = {path: block_checksum(array) for path, array in staged.deferred.blocks.items()}
         chunks = {path: tuple(map(block_checksum, rows)) for path, rows in staged.deferred.rows.items()}
         return Checksums(blocks, {**staged.chunks, **chunks})
@@ -327,6 +339,19 @@ def checksum_in_background(staged: StagedRank) -> Future[Checksums]:
         return pool.submit(checksums)
     finally:
         pool.shutdown(wait=False)
+
+
+def _lower_priority(niceness: int) -> None:
+    """Raise the calling thread's niceness by ``niceness`` (Linux, where a thread has a
+    priority of its own; elsewhere nothing is done). The thread keeps it until it ends.
+    """
+    if sys.platform != "linux":
+        return
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, os.getpriority(os.PRIO_PROCESS, thread) + niceness)
+    except OSError:  # a sandbox refusing it: the thread runs as it was
+        pass
 
 
 def _rows(box: Box) -> Any:
