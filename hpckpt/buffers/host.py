@@ -98,12 +98,14 @@ def host_dtype(array: Any, path: str) -> np.dtype:
     return _numpy_view(array).dtype
 
 
-def is_stored_as_is(array: Any) -> bool:
-    """True for what most host arrays are, told at a few attribute reads: a C-contiguous
-    NumPy array (not a subclass) of a storable dtype, which :func:`as_host_array`
-    returns as it is.
+def stored_as_is(array: Any) -> str | None:
+    """The stored dtype's name (:func:`stored_dtype`) of what most host arrays are, told
+    at a few attribute reads: a C-contiguous NumPy array (not a subclass) of a storable
+    dtype, which :func:`as_host_array` returns as it is. None for any other array.
     """
-    return type(array) is np.ndarray and stored_dtype(array.dtype) is not None and array.flags.c_contiguous
+    if type(array) is not np.ndarray or not array.flags.c_contiguous:
+        return None
+    return stored_dtype(array.dtype)
 
 
 _STORED_DTYPES: dict[np.dtype, str | None] = {}
@@ -132,7 +134,7 @@ def as_host_array(array: Any, path: str) -> np.ndarray:
         When the array cannot be viewed on the host or its dtype cannot be stored
         (only booleans, integers, floats and complex numbers can).
     """
-    if is_stored_as_is(array):  # the common case, checked fast
+    if stored_as_is(array) is not None:  # the common case, checked fast
         return array
     try:
         host = _numpy_view(array)

@@ -12,7 +12,6 @@ which :func:`check_own_checksum` checks.
 
 from __future__ import annotations
 
-import functools
 import json
 import operator
 import re
@@ -24,7 +23,7 @@ from .._checks import is_count
 from ..checksum import text_checksum
 from .boxes import Box
 from .kinds import LeafKind
-from .records import ENCODINGS, IN_STEP, PACKED, Block, LeafRecord, Member
+from .records import ENCODINGS, IN_STEP, PACKED, Block, LeafRecord, Member, numpy_dtype
 
 CHECKSUM_KEY = "manifest_checksum"  # the first key: xxh3_64 of the manifest's other text
 _CHECKSUM_PREFIX = re.compile(r'\{"' + CHECKSUM_KEY + r'":"([0-9a-f]{16})",')
@@ -111,12 +110,9 @@ def leaf_from_dict(leaf: dict[str, Any], step: int) -> LeafRecord:
 _KIND_OF = {kind.value: kind for kind in LeafKind}
 
 
-@functools.lru_cache(maxsize=64)
 def _storable_dtype(text: str) -> np.dtype | None:
-    """The dtype named ``text`` where hpckpt writes leaves of it, else None (a manifest
-    names a few dtypes, each for many leaves).
-    """
-    dtype = np.dtype(text)
+    """The dtype named ``text`` where hpckpt writes leaves of it, else None."""
+    dtype = numpy_dtype(text)
     if dtype.kind not in STORABLE_DTYPE_KINDS or dtype.hasobject or dtype.fields is not None:
         return None
     return dtype

@@ -246,6 +246,15 @@ def test_stored_dtype_names_the_dtypes_stored_as_they_are_and_remembers_them():
     assert stored_dtype(np.dtype("f8")) is stored_dtype(np.dtype("float64"))  # one string per dtype
 
 
+def test_stored_as_is_names_the_dtype_of_plain_contiguous_arrays_only():
+    from hpckpt.buffers.host import stored_as_is
+
+    assert stored_as_is(np.zeros((3, 4), dtype=">i2")) == ">i2"
+    assert stored_as_is(np.zeros((3, 4))[:, ::2]) is None  # strided: copied first
+    assert stored_as_is(np.ma.zeros(3)) is None  # a subclass: viewed first
+    assert stored_as_is(np.array(["a"], dtype=object)) is None and stored_as_is([1.0]) is None
+
+
 def test_checking_a_pack_finds_what_opening_it_finds_across_ranks():
     from hpckpt.model.records import check_pack, open_pack
 

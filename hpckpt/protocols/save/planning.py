@@ -21,7 +21,7 @@ import numpy as np
 
 from ...buffers.bfloat16 import leaf_encoding
 from ...buffers.device import STAGER, HostCopy, is_device_array
-from ...buffers.host import PACK_BUFFERS, aligned_empty, as_host_array, stored_dtype
+from ...buffers.host import PACK_BUFFERS, aligned_empty, as_host_array, stored_as_is
 from ...checksum import block_checksum, pieces_checksum
 from ...model.boxes import Box
 from ...model.kinds import LeafKind
@@ -181,7 +181,7 @@ def _small_host_member(
     """Leaf ``path`` as a member of the pack when it is what most small leaves are, told
     apart at a few attribute reads: a :class:`~hpckpt.model.leaves.Local` leaf (not a
     subclass, no encoding) of at most :data:`PACK_LIMIT` bytes of a C-contiguous NumPy
-    array of a dtype stored as it is (:func:`~hpckpt.buffers.host.stored_dtype`: not
+    array of a dtype stored as it is (:func:`~hpckpt.buffers.host.stored_as_is`: not
     bfloat16), stored exactly. None for any other leaf, which the general path plans (and
     may still pack); only those are asked whether they are device arrays. 10,000 such
     leaves took 20 ms to tell apart asking ``dtype.str`` of each, 8 ms remembering it
@@ -190,10 +190,10 @@ def _small_host_member(
     if type(leaf) is not Local or leaf.encoding is not None:
         return None
     array = leaf.array
-    if type(array) is not np.ndarray or array.nbytes > PACK_LIMIT or not array.flags.c_contiguous:
+    dtype = stored_as_is(array)
+    if dtype is None or array.nbytes > PACK_LIMIT:
         return None
-    dtype = stored_dtype(array.dtype)
-    if dtype is None or (stores_exactly is not None and not stores_exactly(path)):
+    if stores_exactly is not None and not stores_exactly(path):
         return None
     return (path, dtype, array.shape, None), array
 
