@@ -419,7 +419,7 @@ def _abort_waiting(comm: MPI.Comm, phase: str, waited: float, what: str) -> None
         f"aborting the job ({TIMEOUT_ENV} sets the deadline, now {phase_timeout():g} s)",
         file=sys.stderr,
     )
-    abort_job(comm, 1)
+    abort_job(1)
 
 
 def abort_on_exception(main: Callable[[], int | None]) -> int:
@@ -450,21 +450,28 @@ def abort_on_exception(main: Callable[[], int | None]) -> int:
     return 1
 
 
-def abort_job(comm: MPI.Comm, code: int) -> None:
-    """Flush this rank's output, give the launcher a moment to forward it, then MPI_Abort.
+def abort_job(code: int) -> None:
+    """Flush this rank's output, give the launcher a moment to forward it, then end the
+    whole job: ``MPI_Abort`` on ``MPI_COMM_WORLD``, whatever communicator the caller was
+    waiting on.
 
-    MPI_Abort kills every process at once; output still in a pipe to ``mpiexec`` is lost.
+    MPICH (4.0 here) ends only the calling process when MPI_Abort is given any other
+    communicator, even a duplicate of ``MPI_COMM_WORLD``: the other ranks then waited in
+    their phase until their own deadline (3 times longer). MPI_Abort kills every
+    process at once; output still in a pipe to ``mpiexec`` is lost.
     """
+    from mpi4py import MPI
+
     sys.stderr.flush()
     sys.stdout.flush()
     time.sleep(_FORWARD_GRACE)
-    comm.Abort(code)
+    MPI.COMM_WORLD.Abort(code)
 
 
 def _abort(code: int) -> None:
     from mpi4py import MPI
 
     if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.size > 1:
-        abort_job(MPI.COMM_WORLD, code)
+        abort_job(code)
     sys.stderr.flush()
     raise SystemExit(code)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.util
+import os
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -265,6 +266,14 @@ class BP5Step:
             _call("adios2_finalize", self._adios)
 
 
+def reader_profile(path: Path) -> Path:
+    """The file that BP5's reader (2.12) writes at every close, whatever its parameters:
+    ``/tmp/<directory name>_<process id in hex>_profiling.json``. :class:`BP5File`
+    removes it, so that restores leave nothing in ``/tmp`` (one file per rank and job).
+    """
+    return Path("/tmp") / f"{path.name}_{os.getpid():x}_profiling.json"
+
+
 class BP5File:
     """A BP5 directory open for reading by this process alone, in random-access mode.
     Not collective: a reader that fails cannot hang its peers. Use it as a context
@@ -273,6 +282,7 @@ class BP5File:
 
     def __init__(self, path: Path, engine: str, parameters: Mapping[str, str] | None = None) -> None:
         c = _load()
+        self._profile = reader_profile(path)
         self._adios = _handle(c.adios2_init_serial(), "adios2_init_serial")
         try:
             self._io = _handle(c.adios2_declare_io(self._adios, b"hpckpt-read"), "adios2_declare_io")
@@ -293,6 +303,7 @@ class BP5File:
             _call("adios2_close", self._engine)
         finally:
             _call("adios2_finalize", self._adios)
+            self._profile.unlink(missing_ok=True)
 
     def variable(self, name: str) -> Any:
         """The variable ``name``; ``KeyError`` when the step has none."""

@@ -4,6 +4,7 @@ phase, within the deadline, instead of leaving the others waiting forever."""
 import os
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -43,12 +44,35 @@ def test_a_rank_stopped_in_a_phase_is_named_and_the_job_aborts(tmp_path, point):
     )
     assert message, stopped.stderr[-3000:]
     assert message.group(1) == PHASES[point] and message.group(2) == "1" and int(message.group(3)) >= DEADLINE
+    # rank 0's abort ended every rank: rank 2 never reached its own deadline (three times longer)
+    assert "rank 0 has not reported who" not in stopped.stderr, stopped.stderr[-3000:]
     assert elapsed < DEADLINE + 20
 
 
+def test_an_abort_ends_every_rank_whatever_communicator_waited(tmp_path):
+    """abort_job, called by rank 0 of a duplicate of MPI_COMM_WORLD (as a checkpointer's
+    phases run), ends the other ranks at once: MPICH's MPI_Abort on any communicator but
+    MPI_COMM_WORLD ends only the calling process."""
+    script = (
+        "import time\n"
+        "from mpi4py import MPI\n"
+        "from hpckpt._comm import abort_job\n"
+        "comm = MPI.COMM_WORLD.Dup()\n"
+        "comm.Barrier()\n"
+        "if comm.rank == 0:\n"
+        "    abort_job(3)\n"
+        "time.sleep(30)\n"
+        "print(f'rank {comm.rank} still running', flush=True)\n"
+    )
+    started = time.monotonic()
+    ended = run(["mpiexec", "-n", "3", sys.executable, "-c", script])
+    assert ended.returncode != 0 and "still running" not in ended.stdout, ended.stdout + ended.stderr[-3000:]
+    assert "MPI_Abort(MPI_COMM_WORLD, 3)" in ended.stderr + ended.stdout
+    assert time.monotonic() - started < 25
+
+
 def test_a_stopped_rank_0_is_reported_by_the_others(tmp_path):
-    """The others abort the job; mpiexec may then wait for rank 0, whom its SIGTERM cannot
-    end while stopped (only SIGKILL does): the run then ends when the test kills the job."""
+    """The others abort the job, rank 0 stopped with it."""
     stderr = stopped_job_stderr(tmp_path, "save.sync:0:stop:2", "posix")
     reports = re.findall(
         r"hpckpt: phase 'save step 20: sync': not every rank has arrived and rank 0 has not "
@@ -148,10 +172,10 @@ def test_ranks_left_inside_collective_io_abort_the_job(tmp_path):
 
 def stopped_job_stderr(tmp_path, fault: str, backend: str, ranks: int = 3) -> str:
     """The stderr of a heat job with ``fault`` (``POINT:RANK:stop:NTH``), after checking
-    the fault log shows it landed. mpiexec ends the stopped rank when rank 0 aborts the
-    job, and waits for it when another rank does (they abort after the deadline and two
-    grace periods as long): the job is then killed after three deadlines and ten
-    seconds, and its output read all the same."""
+    the fault log shows it landed. An abort ends every rank, the stopped one too (a rank
+    other than a leader aborts after the deadline and two grace periods as long); a job
+    still running after three deadlines and ten seconds is killed, and its output read
+    all the same."""
     log = tmp_path / "faults.log"
     env = {
         **os.environ,

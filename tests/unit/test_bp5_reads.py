@@ -6,6 +6,7 @@ it. Real BP5 files written by hpckpt's own write, one process (COMM_SELF)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 
 from hpckpt.model.manifest import Block, LeafRecord
 from hpckpt.storage import bp5, open_backend
+from hpckpt.storage.adios2_c import reader_profile
 from hpckpt.storage.base import BlockData
 
 SHAPE = (40, 6)
@@ -121,3 +123,27 @@ def test_a_variable_of_another_type_or_shape_is_refused_naming_it(tmp_path: Path
     )
     with pytest.raises(KeyError, match=r"has no variable 'w'"):
         backend.read(tmp_path, [BlockData(missing, placed.blocks[0], np.empty(SHAPE))])
+
+
+
+def test_a_read_leaves_no_profiling_file_in_tmp(tmp_path: Path) -> None:
+    """BP5's reader writes ``/tmp/data.bp_<pid>_profiling.json`` at every close (plain
+    ADIOS2 here does); the backend's read removes it (a job's restores would leave one
+    per rank)."""
+    import adios2
+
+    whole = _whole()
+    backend, placed = _write(
+        tmp_path, LeafRecord("u", "distributed", "<f8", SHAPE, (Block(0, (0, 0), SHAPE, "0"),)), whole
+    )
+    stored = tmp_path / bp5.DIRECTORY_NAME
+    profile = reader_profile(stored)
+    assert profile == Path("/tmp") / f"data.bp_{os.getpid():x}_profiling.json"
+    profile.unlink(missing_ok=True)
+    with adios2.FileReader(str(stored)) as reader:
+        assert reader.read("u").shape == SHAPE
+    assert profile.exists()  # what any BP5 reader leaves
+    profile.unlink()
+    out = np.empty_like(whole)
+    backend.read(tmp_path, [BlockData(placed, placed.blocks[0], out)])
+    assert np.array_equal(out, whole) and not profile.exists()

@@ -73,7 +73,7 @@ class _IndependentWriteError(Exception):
 def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> None:
     """Abort the job: a rank failed inside collective I/O, where peers may be waiting.
 
-    Prints which rank failed, where and why, then calls ``MPI_Abort`` on ``comm``.
+    Prints which rank failed, where and why, then ends the job (:func:`~hpckpt._comm.abort_job`).
     Single-rank communicators return (the caller raises), as nobody can be left waiting.
     """
     if comm.size == 1:
@@ -85,4 +85,4 @@ def abort_from_collective_io(comm: MPI.Comm, phase: str, exc: BaseException) -> 
         file=sys.stderr,
     )
     traceback.print_exc()
-    abort_job(comm, 1)
+    abort_job(1)
