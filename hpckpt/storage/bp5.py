@@ -371,7 +371,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         reads a stored block's rows straight into the caller's memory
         (:data:`~hpckpt.storage.adios2_c.CONTIGUOUS_READ`) and the box holds whole rows
         of the array (as a block of a box split along the first axis does), each slab is
-        10/11 of what is left of the box
+        2/3 of what is left of the box
         (:func:`~hpckpt.storage.direct_read.in_place_piece`), as the posix and hdf5
         backends read: long reads first, and only the last short slab's checksum not
         hidden. Otherwise BP5 reads a multi-dimensional selection into a temporary buffer

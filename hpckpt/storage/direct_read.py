@@ -34,7 +34,7 @@ the rule, for each block read:
 - the whole pages (:data:`~hpckpt.storage.direct.ALIGNMENT` bytes at file offsets that are multiples of it)
   of a larger block are read directly when its memory is page-aligned where they go
   (:func:`~hpckpt.buffers.host.aligned_empty` memory, at a page-aligned offset), in
-  pieces of 10/11 of what is left of the block (:data:`IN_PLACE_SHARE`); the unaligned
+  pieces of 2/3 of what is left of the block (:data:`IN_PLACE_SHARE`); the unaligned
   head and tail through the page cache;
 - in other memory, the whole pages of a block of at least :data:`BOUNCED_READ_MIN`
   are read directly into two page-aligned bounce buffers of :data:`DIRECT_PIECE`, a
@@ -94,12 +94,16 @@ BOUNCED_READ_MIN = 128 << 20  # smaller blocks in memory not page-aligned are re
 # read's piece: a direct read needs no readahead to keep the disk busy, and the last
 # piece's checksum, which no read overlaps, is shorter.
 DIRECT_PIECE = 32 << 20
-# A block read directly into place goes in pieces of 10/11 of what is left of it (at most
-# 1 GiB, at least 1 MiB): each piece's checksum (xxh3, 17-19 GB/s here) is computed while
-# the next, 11 times shorter, is read (1.6 GB/s per rank), so that only the last MiB's is
-# not hidden, and the first pieces are long, as one read of the whole block is: 0.966 of
-# one 512 MiB O_DIRECT read, against 0.950 in pieces of DIRECT_PIECE.
-IN_PLACE_SHARE = (10, 11)
+# A block read directly into place goes in pieces of 2/3 of what is left of it (at most
+# 1 GiB, at least 1 MiB): each piece's checksum is computed while the next, 3 times
+# shorter, is read, which hides it wherever xxh3 runs at least 3 times as fast as a
+# rank's direct reads (here 10-11 GB/s with two ranks hashing at once, against 1.2 GB/s
+# per rank), so that only the last MiB's is not hidden, and the first pieces are long, as
+# one read of the whole block is. A cold restore of 2 x 512 MiB took 0.99-1.00 of one
+# O_DIRECT preadv of the same bytes (posix, hdf5 and adios2, medians of 6, alternating);
+# in pieces of 10/11 of what is left, 0.92-0.93: the checksum of the first 465 MiB (48 ms)
+# outlasted the read of the next 42 MiB (20 ms).
+IN_PLACE_SHARE = (2, 3)
 IN_PLACE_PIECE_MIN, IN_PLACE_PIECE_MAX = 1 << 20, 1 << 30
 _DIRECT = getattr(os, "O_DIRECT", 0)
 

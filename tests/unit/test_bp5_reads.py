@@ -1,6 +1,6 @@
 """The adios2 backend's restore path: a box of a global array is read through ADIOS2's C
 API in slabs along its first axis (a box of whole rows, with the contiguous-read patch,
-in slabs of 10/11 of what is left), reporting the bytes in place as they land; a local
+in slabs of 2/3 of what is left), reporting the bytes in place as they land; a local
 block is read whole; a variable of another type or shape is refused before ADIOS2 reads
 it. Real BP5 files written by hpckpt's own write, one process (COMM_SELF)."""
 
@@ -67,9 +67,9 @@ def test_a_box_is_read_in_slabs_exactly_and_reports_its_bytes_in_order(
 
 
 def test_a_box_of_whole_rows_is_read_in_place_in_slabs_of_most_of_what_is_left(tmp_path: Path) -> None:
-    """With the contiguous-read patch, a box of whole rows goes in slabs of 10/11 of what
+    """With the contiguous-read patch, a box of whole rows goes in slabs of 2/3 of what
     is left, whole pages, the last one taking the rest where under 1 MiB would be left:
-    24 MiB in 21.8 MiB, then 2.2 MiB (every read long enough for BP5's direct reads)."""
+    24 MiB in 16 MiB, 5.3 MiB, then 2.7 MiB (every read long enough for BP5's direct reads)."""
     field = np.random.default_rng(3).standard_normal((3072, 1024))  # rows of 8 KiB
     record = LeafRecord("u", "distributed", "<f8", field.shape, (Block(0, (0, 0), field.shape, "0"),))
     backend, placed = _write(tmp_path, record, field)
@@ -78,7 +78,8 @@ def test_a_box_of_whole_rows_is_read_in_place_in_slabs_of_most_of_what_is_left(t
     reports: list[int] = []
     backend.read(tmp_path, [BlockData(placed, placed.blocks[0], out)], lambda _, end: reports.append(end))
     assert np.array_equal(out, field)
-    assert reports == [2792 * 8192, field.nbytes]  # 24 MiB * 10/11 in whole pages: 2792 rows
+    # 2/3 of 24 MiB, then 2/3 of 8 MiB in whole pages (682 rows), then the last 2.7 MiB
+    assert reports == [2048 * 8192, 2730 * 8192, field.nbytes]
 
 
 def test_a_local_block_and_a_byte_encoded_leaf_read_back_whole(

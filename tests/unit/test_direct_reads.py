@@ -317,8 +317,8 @@ def test_backends_read_a_large_block_back_both_ways(tmp_path: Path, backend: str
         assert reports == sorted(reports) and reports[-1] == whole.nbytes
 
 
-def test_a_block_read_in_place_goes_in_pieces_of_ten_elevenths_of_what_is_left(tmp_path: Path) -> None:
-    """Each piece's checksum is computed while the next, 11 times shorter, is read: only the
+def test_a_block_read_in_place_goes_in_pieces_of_two_thirds_of_what_is_left(tmp_path: Path) -> None:
+    """Each piece's checksum is computed while the next, 3 times shorter, is read: only the
     last MiB's is not hidden behind a read."""
     from hpckpt.storage.direct_read import IN_PLACE_PIECE_MIN
 
@@ -331,6 +331,6 @@ def test_a_block_read_in_place_goes_in_pieces_of_ten_elevenths_of_what_is_left(t
     assert reports[-1] == length and all(piece % PAGE == 0 for piece in pieces)
     left = length
     for piece in pieces:
-        assert piece == min(left, max(IN_PLACE_PIECE_MIN, left * 10 // 11 // PAGE * PAGE))
+        assert piece == min(left, max(IN_PLACE_PIECE_MIN, left * 2 // 3 // PAGE * PAGE))
         left -= piece
-    assert pieces[0] > length * 9 // 10 and pieces[-1] <= IN_PLACE_PIECE_MIN
+    assert pieces[0] == length * 2 // 3 // PAGE * PAGE and pieces[-1] <= IN_PLACE_PIECE_MIN
