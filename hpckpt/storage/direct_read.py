@@ -99,10 +99,10 @@ DIRECT_PIECE = 32 << 20
 # shorter, is read, which hides it wherever xxh3 runs at least 3 times as fast as a
 # rank's direct reads (here 10-11 GB/s with two ranks hashing at once, against 1.2 GB/s
 # per rank), so that only the last MiB's is not hidden, and the first pieces are long, as
-# one read of the whole block is. A cold restore of 2 x 512 MiB took 0.99-1.00 of one
-# O_DIRECT preadv of the same bytes (posix, hdf5 and adios2, medians of 6, alternating);
-# in pieces of 10/11 of what is left, 0.92-0.93: the checksum of the first 465 MiB (48 ms)
-# outlasted the read of the next 42 MiB (20 ms).
+# one read of the whole block is. A cold restore of 2 x 512 MiB took 1.00 of one O_DIRECT
+# preadv of the same bytes (posix and adios2; hdf5 0.99 in pieces of 3/4 and of 1/2;
+# medians of 6, alternating); in pieces of 10/11, 0.92-0.93: the checksum of the first
+# 465 MiB (48 ms) outlasted the read of the next 42 MiB (20 ms).
 IN_PLACE_SHARE = (2, 3)
 IN_PLACE_PIECE_MIN, IN_PLACE_PIECE_MAX = 1 << 20, 1 << 30
 _DIRECT = getattr(os, "O_DIRECT", 0)
