@@ -5,7 +5,8 @@
 (``--cases large`` runs only the large-array cases: save_new, save_in_place, restore,
 rank_change.)
 
-Every save is durable (fsync'd) before its time is taken, after two untimed rounds;
+Each case starts in an emptied ``--dir`` (a case leaves many times ``--mib`` per
+rank there). Every save is durable (fsync'd) before its time is taken, after two untimed rounds;
 every restore starts cold
 (``posix_fadvise(DONTNEED)`` on the files read, after they were fsync'd). Each case
 interleaves its ways within a repetition and reports medians and ratios to a baseline
@@ -557,12 +558,14 @@ def main() -> None:
         for name, result in results["rank_change"].items():
             show(f"restore on rank 0 alone, {name}", result)
     if "small" in args.cases:
+        root = fresh_directory(comm, args.dir)  # each case's files go before the next (disk space)
         results["small"] = small_arrays(comm, root, args.small_count, args.small_kib, args.repeat)
     if comm.rank == 0 and "small" in args.cases:
         show(f"{args.small_count} arrays of {args.small_kib} KiB per rank", results["small"])
         print("  bytes beyond the data: "
               + ", ".join(f"{k} {v:.2%}" for k, v in results["small"]["overhead_share"].items()))
     if "async" in args.cases:
+        root = fresh_directory(comm, args.dir)
         results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute,
                                          args.repeat)
     if comm.rank == 0 and "async" in args.cases:
@@ -576,6 +579,7 @@ def main() -> None:
                           f"compute +{v['compute_slowdown_new_files']:.1%})"
                           for k, v in results["async"]["backends"].items()))
     if "replicated" in args.cases:
+        root = fresh_directory(comm, args.dir)
         results["replicated"] = replicated(comm, root, args.mib // 2)
     if comm.rank == 0 and "replicated" in args.cases:
         print(f"replicated array of {results['replicated']['bytes'] / 2**20:.0f} MiB: " + ", ".join(
@@ -583,6 +587,7 @@ def main() -> None:
             f"read from storage {v['read_share']:.2f} x its size"
             for k, v in results["replicated"]["backends"].items()))
     if "incremental" in args.cases:
+        root = fresh_directory(comm, args.dir)
         results["incremental"] = incremental(comm, root, args.mib, args.repeat)
     if comm.rank == 0:
         for name, result in results.get("incremental", {}).items():
