@@ -126,7 +126,6 @@ def test_a_variable_of_another_type_or_shape_is_refused_naming_it(tmp_path: Path
         backend.read(tmp_path, [BlockData(missing, placed.blocks[0], np.empty(SHAPE))])
 
 
-
 def test_a_read_leaves_no_profiling_file_in_tmp(tmp_path: Path) -> None:
     """BP5's reader writes ``/tmp/data.bp_<pid>_profiling.json`` at every close (plain
     ADIOS2 here does); the backend's read removes it (a job's restores would leave one
