@@ -47,7 +47,7 @@ time over DCP's (below 1 is faster).
   and checked bit for bit after it.
 
 ``phases`` holds each rank's ``last_save.seconds`` of the hpckpt saves of each save case
-(medians over the timed rounds), ``plans_gathered`` whether each timed save merged the
+(medians over the timed rounds), ``plans_gathered`` whether each timed save gathered the
 ranks' plans (rank 0's ``last_save.plans_gathered``). Rank 0 writes ``--out``.
 """
 

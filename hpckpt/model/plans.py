@@ -9,6 +9,7 @@ pack (one block at ``PACK_PATH``, see :mod:`hpckpt.model.records`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import marshal
 import math
@@ -49,22 +50,24 @@ def writer_chunk(path: str, rank: int, size: int) -> int:
     return (rank - start) % size
 
 
-def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> list[Box]:
+@functools.lru_cache(maxsize=4096)
+def replicated_chunks(shape: tuple[int, ...], itemsize: int, size: int) -> tuple[Box, ...]:
     """The row chunks a replicated array of ``shape`` is written in by ``size`` ranks
     (which rank writes which: :func:`writer_chunk`): as many as ranks, but none under
     :data:`MIN_REPLICATED_CHUNK` bytes (one for a small, 0-d or empty array). Pure:
-    every rank computes the same.
+    every rank computes the same. Remembered: a save asks for each replicated leaf's
+    chunks when it plans, merges and fills in checksums, and a model has few shapes.
     """
     whole: Box = ((0,) * len(shape), tuple(shape))
     if not shape or shape[0] == 0:
-        return [whole]
+        return (whole,)
     count = max(1, min(size, shape[0], math.prod(shape) * itemsize // MIN_REPLICATED_CHUNK))
     # numpy.linspace(0, rows, count + 1) truncated, in the same float64 arithmetic (a
     # tenth of its time, for the hundreds of tensors of a model)
     step = shape[0] / count
     bounds = [int(index * step) for index in range(count)] + [shape[0]]
     rest = (0,) * (len(shape) - 1)
-    return [((start, *rest), (stop - start, *shape[1:])) for start, stop in itertools.pairwise(bounds)]
+    return tuple(((start, *rest), (stop - start, *shape[1:])) for start, stop in itertools.pairwise(bounds))
 
 
 @dataclass(frozen=True)
@@ -125,8 +128,10 @@ def plan_digests(plan: RankPlan) -> tuple[int, int]:
     shapes, plain values, lists and axis names (replicated arrays' contents are compared
     after the write: :func:`~hpckpt.protocols.save.agreement.check_replicas`). ``layout`` covers
     what decides where this rank's blocks go: every field of its leaf plans but their
-    checksums. Equal digests on every rank mean, up to a 2^-62 chance, what a merge of
-    the plans would find; unequal ones leave the verdict (and the error) to the merge.
+    checksums and a replicated leaf's offset (its row chunk, which the rank and size
+    decide): ranks that hold the same replicated model give the same one. Equal digests
+    on every rank mean, up to a 2^-62 chance, what a merge of the plans would find;
+    unequal ones leave the verdict (and the error) to the merge.
     A kind counts as its name (``str``: a plain string whether given as one or as a
     :class:`LeafKind`).
     """
@@ -144,7 +149,9 @@ def plan_digests(plan: RankPlan) -> tuple[int, int]:
             agreed.append((leaf.path, kind, leaf.dtype, leaf.encoding))
     values = sorted((path, type(value).__name__, repr(value)) for path, value in plan.values.items())
     shared = (sorted(agreed, key=lambda entry: entry[0]), values, plan.lists, sorted(plan.dims.items()))
-    layout = [(leaf.path, str(leaf.kind), leaf.dtype, leaf.shape, leaf.offset, leaf.global_shape,
+    # a replicated leaf's offset is its rank's row chunk, which the merge derives again
+    layout = [(leaf.path, str(leaf.kind), leaf.dtype, leaf.shape,
+               () if str(leaf.kind) == LeafKind.REPLICATED else leaf.offset, leaf.global_shape,
                leaf.encoding, leaf.stored_bytes, leaf.codec, leaf.members) for leaf in plan.leaves]
     return structure_digest(shared), structure_digest(layout)
 
@@ -184,8 +191,15 @@ def leaf_blocks(per_rank: list[tuple[int, LeafPlan]], size: int) -> tuple[Block,
         owned = [(rank, leaf, writer_chunk(first.path, rank, size)) for rank, leaf in per_rank]
         return tuple(Block(rank, *chunks[chunk], leaf.checksum, _encoded(leaf))
                      for rank, leaf, chunk in owned if chunk < len(chunks))
-    return tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum, _encoded(leaf),
-                       tuple(map(Member._make, leaf.members))) for rank, leaf in per_rank)
+    built: dict[int, tuple[Member, ...]] = {}  # ranks that planned alike share one plan: built once
+
+    def members(leaf: LeafPlan) -> tuple[Member, ...]:
+        if id(leaf) not in built:
+            built[id(leaf)] = tuple(map(Member._make, leaf.members))
+        return built[id(leaf)]
+
+    return tuple(Block(rank, leaf.offset, leaf.shape, leaf.checksum, _encoded(leaf), members(leaf))
+                 for rank, leaf in per_rank)
 
 
 def _encoded(leaf: LeafPlan) -> dict[str, Any]:

@@ -202,3 +202,37 @@ def test_errors_after_a_reused_layout_name_the_leaf_and_ranks(
         ):
             checkpointer.save(4, state if world.rank == last else field(world, [4] * world.size))
         assert checkpointer.steps() == [1, 2, 3]
+
+
+def replicated_model(world, seed: int, extra_rows: int = 0) -> dict:
+    """A model every rank holds alike, with each rank's optimizer moments of the same
+    shape (``extra_rows`` more on the last rank)."""
+    rng = np.random.default_rng(seed)
+    layer = rng.random((64, 1 << 14))  # 8 MiB: a row chunk per rank (up to two)
+    rows = 100 + (extra_rows if world.rank == world.size - 1 else 0)
+    return {"layer": hpckpt.Replicated(layer), "bias": hpckpt.Replicated(rng.random(5)),
+            "moments": hpckpt.Local(np.full((rows, 400), world.rank + seed, dtype=np.float64)),
+            "step": seed}
+
+
+def test_a_replicated_models_first_save_merges_on_every_rank_without_gathering(world, mpi_tmp_path, backend):
+    """Every rank plans alike: no plan travels, each rank merges its own, and the step
+    restores bit for bit with every checksum verified; moments of another shape on one
+    rank gather the plans."""
+    run_dir = mpi_tmp_path / "alike"
+    compressed = "compression" in backend.get("backend_options", {})  # stored sizes differ by rank
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=3, **backend) as checkpointer:
+        checkpointer.save(1, replicated_model(world, 1))
+        report = checkpointer.last_save
+        assert report.plans_gathered == compressed and "merge" in report.seconds
+        restored = replicated_model(world, 0)
+        assert checkpointer.restore(restored) == 1
+        assert_same(replicated_model(world, 1), restored)
+    with hpckpt.Checkpointer(run_dir, comm=world, keep=3, **backend) as fresh:
+        fresh.save(2, replicated_model(world, 2, extra_rows=3))
+        assert fresh.last_save.plans_gathered
+    if world.rank == 0:
+        reader = CheckpointReader(run_dir)
+        assert reader.verify(1) == [] and reader.verify(2) == []
+        layer = next(record for record in reader.manifest(1).leaves if record.path == "layer")
+        assert len({block.rank for block in layer.blocks}) == min(world.size, 2)  # a chunk per rank

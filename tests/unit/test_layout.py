@@ -47,11 +47,11 @@ def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
     chunks = replicated_chunks((rows, 4), 8, 4)
     assert len(chunks) == 3 and sum(shape[0] for _, shape in chunks) == rows  # no chunk under the minimum
     assert [offset[0] for offset, _ in chunks] == [0, rows // 3, 2 * rows // 3]
-    assert replicated_chunks((rows, 4), 8, 2) == [
+    assert replicated_chunks((rows, 4), 8, 2) == (
         ((0, 0), (rows // 2, 4)),
         ((rows // 2, 0), (rows - rows // 2, 4)),
-    ]
-    assert replicated_chunks((), 8, 4) == [((), ())] and replicated_chunks((0, 4), 8, 4) == [((0, 0), (0, 4))]
+    )
+    assert replicated_chunks((), 8, 4) == (((), ()),) and replicated_chunks((0, 4), 8, 4) == (((0, 0), (0, 4)),)
     sums = ("a", "b", "c")
     writes = [writer_chunk("w", rank, 4) for rank in range(4)]
     assert sorted(writes) == [0, 1, 2, 3]  # each rank one chunk number, the one past the chunks: none

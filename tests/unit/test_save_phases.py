@@ -26,7 +26,7 @@ from hpckpt.protocols.save import CommittedLayout, LayoutMemory, SaveRequest, St
 from hpckpt.protocols.save.agreement import agree_on_layout
 from hpckpt.protocols.save.context import SaveContext
 from hpckpt.protocols.save.group_layout import MergeInGroups
-from hpckpt.protocols.save.layout import LayoutPath, MergeOnRoot, ReuseAgreedLayout
+from hpckpt.protocols.save.layout import LayoutPath, MergeOnRoot, ReuseAgreedLayout, merged_outline
 from hpckpt.protocols.save.phases import PhaseRunner
 from hpckpt.protocols.save.planning import checksum_in_background, stage
 from hpckpt.protocols.save.request import SHARD_RANKS_ENV
@@ -138,6 +138,53 @@ def test_the_three_strategies_lay_out_the_same_blocks(tmp_path, backend_name):
     PACK_BUFFERS.give_back(staged.lent)
 
 
+def replicated_model(rank: int) -> dict:
+    """A model replicated on every rank (one leaf in four row chunks, one small), with
+    per-rank leaves of the same shapes on each."""
+    rng = np.random.default_rng(rank)
+    return {
+        "layer": hpckpt.Replicated(np.ones((64, 1 << 14))),  # 8 MiB: two chunks
+        "bias": hpckpt.Replicated(np.ones(3, np.float32)),
+        "moments": hpckpt.Local(rng.random(PACK_LIMIT // 8 + 1)),
+        "rng": hpckpt.Local(rng.integers(0, 9, 4)),
+        "iteration": 7,
+    }
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_ranks_of_a_replicated_model_plan_alike_and_each_merges_alone(tmp_path, backend_name):
+    """Each rank of four plans its own row chunk, yet their layout digests are equal, and
+    one rank's plan merged as every rank's gives the records of the merge of all four
+    (but for the checksums, which the ranks report after the write)."""
+    context = context_for(tmp_path, backend_name, SaveRequest(1))
+    staged = [stage(replicated_model(rank), context.backend, rank, 4, checksum_later=True)
+              for rank in range(4)]
+    plans = [rank_staged.plan for rank_staged in staged]
+    # two chunks: two ranks plan one each, the other two none
+    offsets = {leaf.offset for plan in plans for leaf in plan.leaves if leaf.path == "layer"}
+    assert offsets == {(0, 0), (32, 0), ()}
+    assert len({plan_digests(plan)[1] for plan in plans}) == 1
+    gathered = merged_outline(context, plans, None)
+
+    def unchecked(outline):
+        return [replace(record, blocks=tuple(replace(block, checksum="") for block in record.blocks))
+                for record in outline.records]
+
+    for plan in plans:
+        alone = merged_outline(context, [plan] * 4, None)
+        assert unchecked(alone) == unchecked(gathered) and alone.nbytes == gathered.nbytes
+    for rank_staged in staged:
+        PACK_BUFFERS.give_back(rank_staged.lent)
+
+
+def test_ranks_with_their_own_boxes_do_not_plan_alike():
+    backend = open_backend("posix")
+    plans = [stage({"field": hpckpt.Distributed(np.zeros(2), global_shape=(4,), offset=(2 * rank,))},
+                   backend, rank, 2, checksum_later=True).plan for rank in range(2)]
+    assert plan_digests(plans[0])[0] == plan_digests(plans[1])[0]
+    assert plan_digests(plans[0])[1] != plan_digests(plans[1])[1]
+
+
 def test_a_bad_plan_raises_the_same_error_from_the_merge(tmp_path):
     """A distributed leaf whose box leaves part of its array uncovered, in a complete save."""
     context = context_for(tmp_path, "posix", SaveRequest(1))
@@ -157,14 +204,14 @@ IN_GROUPS = ["plan", "plans to leaders", "merge in groups", "check the groups", 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)
 def test_each_path_runs_its_phases_in_order(tmp_path, backend_name, monkeypatch):
-    """A first save merges on rank 0, the next reuses its layout; from the shard rank
-    count on, saves merge in groups and write shards; an incremental save in groups first
-    chooses its base."""
+    """A first save merges (on its one rank: alike), the next reuses its layout; from the
+    shard rank count on, saves merge in groups and write shards; an incremental save in
+    groups first chooses its base."""
     backend = open_backend(backend_name)
     saver = StepSaver(RunDirectory(tmp_path / "whole"), backend, (KeepNewest(2),), LayoutMemory())
     first = saver.save(MPI.COMM_SELF, SaveRequest(1), make_state(1))
     second = saver.save(MPI.COMM_SELF, SaveRequest(2), make_state(2))
-    assert list(first.seconds) == FIRST and first.plans_gathered and not first.merged_in_groups
+    assert list(first.seconds) == FIRST and not first.plans_gathered and not first.merged_in_groups
     assert list(second.seconds) == REUSED and not second.plans_gathered
     memory = LayoutMemory()  # a relaunched job's engine, which restored step 2
     restored = saver.run_dir.manifest(2)  # with one rank, its part is the whole manifest

@@ -81,6 +81,7 @@ class LayoutAgreement:
 
     reused: AgreedLayout | None  # the remembered layout, which every rank's plan gives again
     trees_agree: bool  # every rank gave the same agreement digest
+    plans_alike: bool  # and the same layout digest: every rank planned what this rank did
     committed: CommittedLayout | None  # the restored step's layout, held by every rank, to try
 
 
@@ -90,14 +91,16 @@ def agree_on_layout(
     """Whether every rank's plan gives the remembered layout again, whether the trees
     agree, and whether every rank holds the layout of the same restored step.
 
-    Collective over ``comm``: one reduction of nine integers, after the plan phase.
+    Collective over ``comm``: one reduction of eleven integers, after the plan phase.
     Every rank must save the same ``step``, give the same agreement digest (the first
     of its plan's ``digests``, :func:`~hpckpt.model.layout.plan_digests`), remember the
     layout of the same save and give its own layout digest of it again; otherwise no
     layout is reused (the plans must then be merged, unless the restored step's layout
     fits, :func:`reuse_committed_layout`). Only ranks that all restored the same step
     try its layout, and only where rank 0 found it usable (:meth:`CommittedLayout.of`;
-    after an in-job repair, the survivors restored none).
+    after an in-job repair, the survivors restored none). The plans are alike where
+    every rank also gave the same layout digest (a model replicated on every rank):
+    then each rank can merge without the others' plans.
 
     Raises
     ------
@@ -113,7 +116,7 @@ def agree_on_layout(
     restored = committed.step if committed is not None else -1
     unchanged = last is not None and last.digest == layout and last.size == comm.size
     ours = np.array([step, -step, agreement, -agreement, kept, -kept, 0 if unchanged else -1,
-                     restored, -restored], dtype=np.int64)
+                     restored, -restored, layout, -layout], dtype=np.int64)
     lowest = np.empty_like(ours)
     # a rank stopped since the plan phase is named
     await_everyone(comm, f"save step {step}: agree on the layout")
@@ -124,7 +127,8 @@ def agree_on_layout(
     trees_agree = bool(lowest[2] == -lowest[3])
     alike = trees_agree and lowest[4] == -lowest[5] and lowest[6] == 0
     held_alike = trees_agree and lowest[7] == -lowest[8] and lowest[7] >= 0
-    return LayoutAgreement(last if alike else None, trees_agree,
+    plans_alike = trees_agree and lowest[9] == -lowest[10]
+    return LayoutAgreement(last if alike else None, trees_agree, plans_alike,
                            committed if held_alike and not alike else None)
 
 

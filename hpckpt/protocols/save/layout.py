@@ -4,6 +4,8 @@ A save lays its step out in one of three ways, each behind :class:`LayoutStrateg
 
 - :class:`ReuseAgreedLayout`: every rank planned the layout of the engine's last merged
   save again (:func:`~hpckpt.protocols.save.agreement.agree_on_layout`); no plan travels;
+- :class:`MergeAlike`: every rank planned alike (a replicated model): each merges its
+  own plan as every rank's, and no plan travels;
 - :class:`MergeOnRoot`: the plans are gathered to rank 0, which merges, checks, lays
   out and sends each rank its part;
 - :class:`~hpckpt.protocols.save.group_layout.MergeInGroups`: from
@@ -20,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from ...model.delta import Delta, compose, placeholder, plan_delta, to_write
 from ...model.kinds import LeafKind
 from ...model.layout import AgreedLayout, fill_checksums, merge_plans
 from ...model.manifest import Block, LeafRecord, Manifest
+from ...model.plans import RankPlan
 from ...storage.base import BlockData
 from .context import SaveContext
 from .planning import StagedRank
@@ -40,6 +43,7 @@ class LayoutPath(Enum):
     """How a save's layout was made (:class:`~hpckpt.protocols.save.request.SaveReport` says it)."""
 
     REUSED = "reused"
+    MERGED_ALIKE = "merged on every rank, from its own plan"
     MERGED_ON_ROOT = "merged on rank 0"
     MERGED_IN_GROUPS = "merged in groups"
 
@@ -174,6 +178,66 @@ class ReuseAgreedLayout:
         return Layout(agreed.records, blocks, LayoutPath.REUSED, self.sharded, outline=outline)
 
 
+def merged_outline(
+    context: SaveContext, plans: Sequence[Any], base_of: Callable[[], Manifest | None] | None
+) -> WholeOutline | InvalidStateError:
+    """The merge of every rank's plan, compared with an incremental save's base
+    (``base_of``) and laid out by the backend; a bad layout is returned, not raised.
+    """
+    try:
+        merged, values = merge_plans(plans, complete=context.request.complete)
+    except InvalidStateError as exc:
+        return exc
+    backend = context.backend
+    base = base_of() if base_of is not None else None
+    delta = plan_delta(merged, base, backend.name, ALGORITHM) if base is not None else None
+    records = backend.layout(to_write(merged, delta))
+    nbytes = sum(record.nbytes for record in records)
+    return WholeOutline(nbytes, values, records, merged, delta, context.request.compares_blocks)
+
+
+@dataclass(frozen=True)
+class MergeAlike:
+    """Every rank planned alike (the same layout digest, :func:`~hpckpt.protocols.save.
+    agreement.agree_on_layout`: a model replicated on every rank): each rank merges its
+    own plan as every rank's, which gives what a merge of the gathered plans would, and
+    keeps its own part. No plan travels, and every rank merges at once.
+
+    For a save whose plans carry no checksums (the ranks report them after the write)
+    and that is not sharded, of at most :data:`MAX_BLOCKS` planned blocks in all: every
+    rank then holds every rank's blocks for a moment, as rank 0 does in
+    :class:`MergeOnRoot`.
+    """
+
+    MAX_BLOCKS: ClassVar[int] = 1 << 18
+    context: SaveContext
+
+    @classmethod
+    def fits(cls, plan: RankPlan, size: int) -> bool:
+        """Whether ``size`` ranks planning ``plan`` alike make few enough blocks. Pure."""
+        return len(plan.leaves) * size <= cls.MAX_BLOCKS
+
+    def lay_out(self, staged: StagedRank) -> Layout:
+        """The merged layout. Collective: phase ``merge``, agreed by one reduction.
+
+        Raises
+        ------
+        InvalidStateError
+            On every rank, the same, when the plans do not merge (each rank finds it).
+        """
+        context, comm = self.context, self.context.comm
+        plans = [staged.plan] * comm.size
+        outline = context.phases.run("merge", lambda: merged_outline(context, plans, None))
+        if isinstance(outline, InvalidStateError):
+            raise outline
+        records = outline.records
+        if comm.rank != 0:
+            records = context.backend.parts(records, range(comm.rank, comm.rank + 1))[0]
+        blocks = blocks_of_rank(records, staged.arrays, comm.rank)
+        return Layout(records, blocks, LayoutPath.MERGED_ALIKE, False,
+                      outline=outline if comm.rank == 0 else None)
+
+
 @dataclass(frozen=True)
 class MergeOnRoot:
     """Rank 0 merges every rank's plan, compares with an incremental save's base, lays
@@ -203,7 +267,7 @@ class MergeOnRoot:
         def merge() -> list[tuple[LeafRecord, ...] | InvalidStateError] | None:
             if plans is None:  # every rank but 0
                 return None
-            merged = self._merge(plans)
+            merged = merged_outline(context, plans, self.base_of)
             if isinstance(merged, InvalidStateError):
                 return [merged] * comm.size
             outlines.append(merged)
@@ -216,16 +280,3 @@ class MergeOnRoot:
         records = outline.records if outline is not None else part
         blocks = blocks_of_rank(records, staged.arrays, comm.rank)
         return Layout(records, blocks, LayoutPath.MERGED_ON_ROOT, self.sharded, outline=outline)
-
-    def _merge(self, plans: Sequence[Any]) -> WholeOutline | InvalidStateError:
-        """Rank 0's merge, comparison and layout; a bad layout is returned, not raised."""
-        try:
-            merged, values = merge_plans(plans, complete=self.context.request.complete)
-        except InvalidStateError as exc:
-            return exc
-        backend = self.context.backend
-        base = self.base_of() if self.base_of is not None else None
-        delta = plan_delta(merged, base, backend.name, ALGORITHM) if base is not None else None
-        records = backend.layout(to_write(merged, delta))
-        nbytes = sum(record.nbytes for record in records)
-        return WholeOutline(nbytes, values, records, merged, delta, self.context.request.compares_blocks)

@@ -88,8 +88,9 @@ class SaveReport:
     written_bytes
         The bytes this rank wrote (fewer than staged where blocks were reused).
     plans_gathered
-        Whether the ranks' plans were merged (else the layout of an earlier save was
-        agreed on and reused).
+        Whether the ranks' plans were gathered and merged (else the layout of an
+        earlier save was agreed on and reused, or every rank planned alike and merged
+        its own plan).
     merged_in_groups
         Whether they were merged by the leaders of the arrival groups, not rank 0.
     """

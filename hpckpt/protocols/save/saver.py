@@ -19,7 +19,7 @@ from .base_step import base_blocks, choose_base
 from .committing import commit_step, retain_steps, sync_step
 from .context import SaveContext
 from .group_layout import MergeInGroups
-from .layout import Layout, LayoutPath, MergeOnRoot, ReuseAgreedLayout
+from .layout import Layout, LayoutPath, MergeAlike, MergeOnRoot, ReuseAgreedLayout
 from .phases import PhaseRunner
 from .planning import StagedRank, checksum_in_background, stage
 from .request import SaveReport, SaveRequest, manifest_shard_ranks
@@ -76,7 +76,8 @@ class StepSaver:
         check_replicas(comm, request.step, synced.chunks)
         commit_step(context, layout, staged, files, synced)
         deleted = retain_steps(context, self.retention)
-        gathered, in_groups = layout.path is not LayoutPath.REUSED, layout.path is LayoutPath.MERGED_IN_GROUPS
+        gathered = layout.path in (LayoutPath.MERGED_ON_ROOT, LayoutPath.MERGED_IN_GROUPS)
+        in_groups = layout.path is LayoutPath.MERGED_IN_GROUPS
         written = layout.written_bytes()
         return SaveReport(request.step, staged.staged_bytes(), phases.seconds, tuple(deleted), written,
                           gathered, in_groups)
@@ -89,7 +90,8 @@ class StepSaver:
                      checksum_later=not context.request.compares_blocks)
 
     def _lay_out(self, context: SaveContext, staged: StagedRank, many: bool) -> Layout:
-        """Agree on reusing the last layout, else merge the plans in groups or on rank 0.
+        """Agree on reusing the last layout, else merge: on every rank where all planned
+        alike, else in groups or on rank 0.
 
         Collective. ``many``: the save has enough ranks to lay out in groups and shard.
         """
@@ -107,7 +109,10 @@ class StepSaver:
         if agreed is not None:
             return ReuseAgreedLayout(context, agreed, sharded=many).lay_out(staged)
         layout = None
-        if many and agreement.trees_agree and isinstance(self.backend, GroupLayout):
+        if (agreement.plans_alike and not many and not request.compares_blocks
+                and MergeAlike.fits(staged.plan, comm.size)):
+            layout = MergeAlike(context).lay_out(staged)
+        elif many and agreement.trees_agree and isinstance(self.backend, GroupLayout):
             layout = MergeInGroups(context, self.backend, self._base_choice(context)).lay_out(staged)
         if layout is None:
             whole_base = self._whole_base(context)
