@@ -77,3 +77,25 @@ def test_ranks_that_name_axes_differently_are_refused():
     refused = r"ranks 0 and 1 name the axes \(dims=\) of \['u'\] differently"
     with pytest.raises(hpckpt.InvalidStateError, match=refused):
         merge_plans(plans)
+
+
+def test_plain_values_are_stored_as_h5py_attrs_stores_them(tmp_path):
+    """The values' attributes, made once per type, have the type, dataspace and value that
+    ``h5.attrs[name] = value`` gives: bool, int, float, str, and the rest through attrs."""
+    import h5py
+    from h5py import h5a
+
+    from hpckpt.storage.hdf5_files import set_value_attributes
+
+    plain = {"flag": True, "off": False, "it": 7, "big": -(2**63), "dt": 0.5, "label": "run-3", "name": "",
+             "f32": np.float32(1.5), "blob": b"xy"}
+    with h5py.File(tmp_path / "ours.h5", "w") as ours, h5py.File(tmp_path / "attrs.h5", "w") as theirs:
+        set_value_attributes(ours, plain)
+        for name, value in plain.items():
+            theirs.attrs[name] = value
+        for name, value in plain.items():
+            mine, reference = h5a.open(ours.id, name.encode()), h5a.open(theirs.id, name.encode())
+            assert mine.get_type() == reference.get_type(), name
+            assert mine.get_space().get_simple_extent_type() == reference.get_space().get_simple_extent_type()
+            assert ours.attrs[name] == theirs.attrs[name]  # bytes read back as str, both ways
+            assert type(ours.attrs[name]) is type(theirs.attrs[name])
