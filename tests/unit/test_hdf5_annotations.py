@@ -93,7 +93,7 @@ def test_plain_values_are_stored_as_h5py_attrs_stores_them(tmp_path):
         set_value_attributes(ours, plain)
         for name, value in plain.items():
             theirs.attrs[name] = value
-        for name, value in plain.items():
+        for name in plain:
             mine, reference = h5a.open(ours.id, name.encode()), h5a.open(theirs.id, name.encode())
             assert mine.get_type() == reference.get_type(), name
             assert mine.get_space().get_simple_extent_type() == reference.get_space().get_simple_extent_type()

@@ -51,7 +51,8 @@ def test_a_large_replicated_array_is_written_in_row_chunks_by_the_ranks():
         ((0, 0), (rows // 2, 4)),
         ((rows // 2, 0), (rows - rows // 2, 4)),
     )
-    assert replicated_chunks((), 8, 4) == (((), ()),) and replicated_chunks((0, 4), 8, 4) == (((0, 0), (0, 4)),)
+    assert replicated_chunks((), 8, 4) == (((), ()),)
+    assert replicated_chunks((0, 4), 8, 4) == (((0, 0), (0, 4)),)
     sums = ("a", "b", "c")
     writes = [writer_chunk("w", rank, 4) for rank in range(4)]
     assert sorted(writes) == [0, 1, 2, 3]  # each rank one chunk number, the one past the chunks: none
