@@ -225,11 +225,13 @@ class _ScalarAttributes:
         self._types: dict[type, tuple[Any, Any]] = {}
 
     def set(self, name: str, value: Any) -> None:
-        """Attribute ``name`` (new) holds ``value``."""
+        """Attribute ``name`` (new) holds ``value`` (an ``int`` within 64 bits, as
+        :func:`set_value_attributes` keeps them).
+        """
         from h5py import h5a, h5t
 
         dtype = self._dtypes.get(type(value))
-        if dtype is None or (type(value) is int and not -(2**63) <= value < 2**63):
+        if dtype is None:
             self._h5.attrs[name] = value
             return
         types = self._types.get(type(value))

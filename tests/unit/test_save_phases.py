@@ -139,7 +139,7 @@ def test_the_three_strategies_lay_out_the_same_blocks(tmp_path, backend_name):
 
 
 def replicated_model(rank: int) -> dict:
-    """A model replicated on every rank (one leaf in four row chunks, one small), with
+    """A model replicated on every rank (one leaf in two row chunks, one small), with
     per-rank leaves of the same shapes on each."""
     rng = np.random.default_rng(rank)
     return {
