@@ -45,7 +45,9 @@ from .restore_target import RestoreTarget
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-PROGRESS_INTERVAL = 0.0002  # seconds: how often a rank waiting for its own read drives the broadcasts started
+# seconds: how often a rank waiting for its own read tests the broadcasts it started
+# (every 0.2 ms measured 6-24 ms slower in a cold restore of a torch state)
+PROGRESS_INTERVAL = 0.00005
 Arrived = Callable[[BlockData, Callable[[], None]], None]
 """Waits until a read is whole, calling the given progress function meanwhile."""
 StoredOrder = Callable[[LeafRecord], tuple[float, ...]]
