@@ -54,7 +54,7 @@ test-lab:
 # Long seeded repetitions, not part of `make test`: HPCKPT_LAB_SOAK power-loss trials in the
 # lab and the whole power-loss matrix on MooseFS (make test: a third of it), the seeded kill
 # trials of tests/fault HPCKPT_FAULT_SOAK times over, then the frozen storage trials of the
-# lab with a freeze of HPCKPT_LAB_FREEZE seconds (make test: 15).
+# lab with a freeze of HPCKPT_LAB_FREEZE seconds (make test: 10).
 soak: install
 	HPCKPT_LAB_SOAK=$${HPCKPT_LAB_SOAK:-40} $(PY) -m pytest tests/lab/test_power_loss.py -q -rs -p no:cacheprovider --timeout 170 -k "soak or moosefs"
 	HPCKPT_FAULT_SOAK=$${HPCKPT_FAULT_SOAK:-5} $(PY) -m pytest tests/fault/test_heat_faults.py tests/fault/test_uncoordinated.py tests/fault/test_train.py -q -k "random"

@@ -16,6 +16,7 @@ from tests.lab.cluster import Lab
 from tests.slurm.cluster import SlurmCluster, free_port
 
 SLURMD_TIMEOUT = 4  # seconds before slurmctld declares a silent node DOWN
+MESSAGE_TIMEOUT = 3  # seconds for a reply: a ping of a lost node fails after it (Slurm's default: 10)
 
 
 class LabSlurm(SlurmCluster):
@@ -47,6 +48,7 @@ class LabSlurm(SlurmCluster):
             f"SlurmdPidFile={root}/slurmd-%n.pid",
             f"SlurmdLogFile={root}/log/slurmd-%n.log",
             f"SlurmdTimeout={SLURMD_TIMEOUT}",
+            f"MessageTimeout={MESSAGE_TIMEOUT}",
             *(
                 f"NodeName={name} NodeAddr=127.0.0.1 Port={port} CPUs=4 State=UNKNOWN"
                 for name, port in self.ports.items()

@@ -42,9 +42,9 @@ from tests.lab.helpers import heat, labs_under
 from tests.processes import run_group
 
 PHASE_TIMEOUT = 3  # s: HPCKPT_PHASE_TIMEOUT of the jobs, so a stuck write passes its deadline soon
-# How long node2's storage stays frozen: 15 s keeps each test under a minute. A 60 s
+# How long node2's storage stays frozen: 10 s, three deadlines, keeps each test short. A 60 s
 # freeze runs with HPCKPT_LAB_FREEZE=60 and pytest --timeout 300 (about 100 s a test).
-FREEZE_SECONDS = float(os.environ.get("HPCKPT_LAB_FREEZE", "15"))
+FREEZE_SECONDS = float(os.environ.get("HPCKPT_LAB_FREEZE", "10"))
 PACE = 0.05  # s per iteration
 EVERY = 20  # iterations between saves; the EIO and ENOSPC trials save every FAULT_EVERY
 FAULT_EVERY, FAULT_ITERS = 40, 200  # a fault toggled mid-way between saves: 1 s from either
