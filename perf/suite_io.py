@@ -26,9 +26,9 @@ measured in the same run:
 - ``restore``: the same state read back into page-aligned memory, against the faster
   of two raw cold reads of the raw write's file into it (one buffered ``read``, and
   ``O_DIRECT`` ``preadv``), with plain h5py (collective), plain ADIOS2 (its Python
-  reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's hdf5 and
-  posix restores into an array from ``numpy.empty`` (not page-aligned: its direct reads
-  go through bounce buffers). Cold reads vary the most on a shared disk (the same raw
+  reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's
+  restores into an array from ``numpy.empty`` (not page-aligned: its direct reads go
+  through bounce buffers). Cold reads vary the most on a shared disk (the same raw
   direct read took 0.45-0.58 s from one round to the next), so this case takes
   :func:`restore_rounds` rounds (9 for ``--repeat 5``);
 - ``rank_change``: rank 0 alone restores the whole array from the 2-rank step, against
@@ -296,7 +296,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     for name, checkpointer in checkpointers.items():
         reads[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.restore(target_state)
         sources[f"hpckpt-{name}"] = root / name
-    for name in ("hdf5", "posix"):  # into memory 16 bytes past a page: read through bounce buffers
+    for name in BACKENDS:  # into memory 16 bytes past a page: read through bounce buffers
         way = f"hpckpt-{name} numpy memory"
         reads[way] = lambda checkpointer=checkpointers[name]: checkpointer.restore(numpy_state)
         sources[way] = root / name

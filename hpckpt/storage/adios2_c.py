@@ -43,10 +43,10 @@ _TYPE_NAMES = {code: dtype.name for dtype, code in _TYPE_CODES.items()}
 _STRING = 0
 _MODE_WRITE = 1
 _MODE_READ_RANDOM_ACCESS = 6
-_MODE_SYNC = 5
 # Puts are deferred: BP5 then writes large arrays straight from them at the end of the
 # step instead of copying them into its buffer first (a new 512 MiB buffer per save:
 # in-place saves of 2 x 512 MiB took 1.0 s deferred against 1.35-4.9 s synchronous here).
+# Gets too: BP5 reads a batch of them in its reader threads (hpckpt.storage.bp5_reads).
 _MODE_DEFERRED = 4
 _STEP_APPEND = 0
 _SIZES = ctypes.POINTER(ctypes.c_size_t)
@@ -99,6 +99,7 @@ def _load() -> Any:
         "adios2_variable_count": (status, [_SIZES, pointer]),
         "adios2_set_block_selection": (status, [pointer, ctypes.c_size_t]),
         "adios2_get": (status, [pointer, pointer, ctypes.c_void_p, ctypes.c_int]),
+        "adios2_perform_gets": (status, [pointer]),
     }
     library = types.SimpleNamespace()
     for name, (restype, argtypes) in signatures.items():
@@ -321,16 +322,23 @@ class BP5File:
         _call("adios2_set_block_selection", variable, block_id)
         return self._dimensions("adios2_variable_count", variable)
 
-    def read(self, variable: Any, array: np.ndarray, start: list[int] | None, count: list[int]) -> None:
-        """Fill C-contiguous ``array`` (``count`` elements per axis, of the variable's
-        type) with the box ``start``, ``count`` of the global array ``variable``, or with
-        the whole selected block (``start`` None) of a local one.
-        """
+    def type_name(self, variable: Any) -> str:
+        """The NumPy name of ``variable``'s type (``"float32"``, ...; else ``"ADIOS2 type N"``)."""
         code = ctypes.c_int()
         _call("adios2_variable_type", ctypes.byref(code), variable)
-        stored = _TYPE_NAMES.get(code.value, f"ADIOS2 type {code.value}")
-        if stored != array.dtype.name:
-            raise ValueError(f"it holds {stored}, not {array.dtype.name}")
+        return _TYPE_NAMES.get(code.value, f"ADIOS2 type {code.value}")
+
+    def get(
+        self, variable: Any, array: np.ndarray, start: list[int] | None, count: list[int],
+        block_id: int | None = None,
+    ) -> None:
+        """Queue the read of the box ``start``, ``count`` of the global array ``variable``,
+        or of the whole block ``block_id`` of a local one (``start`` None), into
+        C-contiguous ``array`` (``count`` elements per axis, of the variable's type,
+        which the caller checked: :meth:`type_name`). :meth:`perform_gets` reads it;
+        ``array`` must stay alive until then, or until the file is closed (which reads
+        whatever is still queued).
+        """
         if list(array.shape) != count or not array.flags.c_contiguous:
             layout = "C-contiguous" if array.flags.c_contiguous else "strided"
             raise ValueError(
@@ -338,7 +346,13 @@ class BP5File:
             )
         if start is not None:
             _call("adios2_set_selection", variable, len(count), _sizes(start), _sizes(count))
-        _call("adios2_get", self._engine, variable, ctypes.c_void_p(array.ctypes.data), _MODE_SYNC)
+        elif block_id is not None:
+            _call("adios2_set_block_selection", variable, block_id)
+        _call("adios2_get", self._engine, variable, ctypes.c_void_p(array.ctypes.data), _MODE_DEFERRED)
+
+    def perform_gets(self) -> None:
+        """Read every queued :meth:`get` (BP5 reads them in its reader threads)."""
+        _call("adios2_perform_gets", self._engine)
 
     @staticmethod
     def _dimensions(function: str, variable: Any) -> list[int]:

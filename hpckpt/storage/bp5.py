@@ -53,7 +53,6 @@ from .adios2_c import (
     IN_PLACE_WRITE,
     QUIET_WAIT,
     ZERO_COPY,
-    BP5File,
     BP5Step,
     built_with_mpi,
     features,
@@ -61,7 +60,7 @@ from .adios2_c import (
 )
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
 from .bp5_pieces import BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
-from .direct_read import in_place_piece
+from .bp5_reads import Wanted, read_step
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -69,11 +68,6 @@ if TYPE_CHECKING:
     from .lustre import Striping
 
 DIRECTORY_NAME = "data.bp"
-# Bytes per read of a global box where BP5 copies it through a buffer of its own (an ADIOS2
-# without the contiguous-read patch): under glibc's 32 MiB mmap threshold, so reused.
-READ_SLAB = 16 << 20
-# The patched BP5 reads directly (BP5_DIRECT_READ) only reads of this many bytes or more.
-DIRECT_READ_MIN = 1 << 20
 _DATA_FILE = re.compile(r"^data\.\d+$")
 # No "Profile": BP5 (2.12) has no such parameter (BP4's) and writes profiling.json anyway.
 DEFAULT_PARAMETERS: dict[str, str] = {
@@ -159,18 +153,6 @@ def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], 
     return shape, start, count
 
 
-def _slab_rows(left: int, row_bytes: int, in_place: bool) -> int:
-    """The rows of a box's next slab, with ``left`` bytes of it still to read (see
-    :meth:`ADIOS2Backend.read`). Read in place, a slab takes the rest of the box where
-    less than :data:`DIRECT_READ_MIN` would be left after it, so every read of a large box
-    is long enough to go direct.
-    """
-    if not in_place:
-        return max(1, READ_SLAB // row_bytes)
-    piece = in_place_piece(left)
-    return max(1, (left if left - piece < DIRECT_READ_MIN else piece) // row_bytes)
-
-
 class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
     """ADIOS2 BP5 storage (see the module docstring for the layout).
 
@@ -198,9 +180,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         ``parameters`` set ``DirectIO`` off), open steps with ``DirectIO``
         (:attr:`read_parameters`): BP5 then reads the slabs of a box that
         land in page-aligned memory (the arrays a restore allocates, an application's
-        aligned arrays) with ``O_DIRECT``, and the rest through the page cache, whose
-        read-ahead serves many small unaligned boxes (a torch state's) better than
-        direct reads through bounce buffers did.
+        aligned arrays) with ``O_DIRECT``, large slabs into other memory (a torch
+        tensor's) through bounce buffers, and small ones through the page cache
+        (:mod:`~hpckpt.storage.bp5_reads`).
 
     Laid out in groups: a group's Local blocks are numbered after the earlier groups'
     (:meth:`group_starts`). Writes in place (a recycled ``data.bp/`` is written into, see
@@ -234,8 +216,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         self.parameters = {**DEFAULT_PARAMETERS, **in_place, **quiet, **given}
         chosen = [value for key, value in self.parameters.items() if key.lower() == "directio"]  # any case
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
-        reads_direct = bool(direct_io) and (not chosen or chosen[-1].lower() in ("true", "on"))
-        self.read_parameters = {"DirectIO": "true"} if reads_direct and DIRECT_READ in available else {}
+        wants_direct = bool(direct_io) and (not chosen or chosen[-1].lower() in ("true", "on"))
+        self.read_parameters = {"DirectIO": "true"} if wants_direct and DIRECT_READ in available else {}
+        self.reads_direct = bool(self.read_parameters)  # large reads with O_DIRECT, some via bounce buffers
         self.reads_in_place = CONTIGUOUS_READ in available  # rows straight into the caller's memory
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
 
@@ -366,18 +349,11 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         """Fill each request's ``array`` from ``data.bp``, reporting its bytes to ``landed``
         as they land. Independent (this process opens the step alone).
 
-        A box of a global array is read in slabs along its first axis, so that the helper
-        thread checksums one slab while ADIOS2 reads the next. Where the loaded ADIOS2
-        reads a stored block's rows straight into the caller's memory
-        (:data:`~hpckpt.storage.adios2_c.CONTIGUOUS_READ`) and the box holds whole rows
-        of the array (as a block of a box split along the first axis does), each slab is
-        2/3 of what is left of the box
-        (:func:`~hpckpt.storage.direct_read.in_place_piece`), as the posix and hdf5
-        backends read: long reads first, and only the last short slab's checksum not
-        hidden. Otherwise BP5 reads a multi-dimensional selection into a temporary buffer
-        and copies it out, and slabs of about :data:`READ_SLAB` bytes bound that buffer
-        (which the allocator then reuses). A local block is read whole (BP5 reads a whole
-        local block for any part of it).
+        A box of a global array is read in slabs along its first axis (a local block
+        whole), planned before the first read, so that a missing variable or another
+        shape is refused before ADIOS2 reads anything; a helper thread makes BP5's
+        gets while this one copies the slabs read through bounce buffers into place and
+        checksums follow (:mod:`~hpckpt.storage.bp5_reads` says which slab is read how).
         """
         requests = [request for request in requests if request.block.size]
         if not requests:
@@ -385,53 +361,11 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         path = directory / DIRECTORY_NAME
         if not path.is_dir():
             raise FileNotFoundError(f"{path} does not exist")
-        with BP5File(path, self.engine, self.read_parameters) as stored:
-            for request in requests:
-                self._get(stored, path, request, landed)
-
-    def _get(self, stored: BP5File, path: Path, request: BlockData, landed: Landed | None) -> None:
-        """Read one stored block into ``request.array``, after checking its shape."""
-        record = request.record
-        try:
-            variable = stored.variable(record.location["variable"])
-        except KeyError:
-            raise KeyError(f"{path} has no variable {record.location['variable']!r}") from None
-        try:
-            self._read_block(stored, path, request, variable, landed)
-        except ValueError as exc:
-            raise ValueError(f"{path}: variable {record.location['variable']!r}: {exc}") from None
-
-    def _read_block(
-        self, stored: BP5File, path: Path, request: BlockData, variable: Any, landed: Landed | None
-    ) -> None:
-        """Read ``request``'s box of ``variable`` in slabs, or its whole local block (see
-        :meth:`read`).
-        """
-        record, block = request.record, request.block
-        shape, start, count = _selection(record, block)
-        target = _stored_view(request.array, record.location.get("encoding") == "bytes")
-        if record.kind == LeafKind.LOCAL:
-            block_id = block.location["block_id"]
-            stored_count = stored.block_count(variable, block_id)
-            if stored_count != count:
-                raise KeyError(
-                    f"{path}: block {block_id} of {record.path!r} has count {stored_count}, not {count}"
-                )
-            stored.read(variable, target, None, count)
-            if landed is not None:
-                landed(request, request.array.nbytes)
-            return
-        stored_shape = stored.shape(variable)
-        if stored_shape != shape:
-            raise KeyError(f"{path}: variable {record.path!r} has shape {stored_shape}, not {shape}")
-        row_bytes = target[0].nbytes or 1
-        in_place = self.reads_in_place and count[1:] == shape[1:]
-        first = 0
-        while first < count[0]:
-            last = min(count[0], first + _slab_rows((count[0] - first) * row_bytes, row_bytes, in_place))
-            stored.read(
-                variable, target[first:last], [start[0] + first] + start[1:], [last - first] + count[1:]
-            )
-            if landed is not None:
-                landed(request, last * row_bytes)
-            first = last
+        wanted = [
+            Wanted(request, _stored_view(request.array, request.record.location.get("encoding") == "bytes"),
+                   *_selection(request.record, request.block))
+            for request in requests
+        ]
+        read_step(
+            path, self.engine, self.read_parameters, wanted, self.reads_in_place, self.reads_direct, landed
+        )

@@ -112,7 +112,9 @@ RUN_MIN = 4 << 20  # a shorter run of blocks is read block by block, through the
 # read and dropped): an hdf5 file's datasets, a posix file's blocks, lie a few pages apart.
 RUN_GAP = 1 << 20
 
-_BOUNCE = AlignedPool(keep=2)  # the bounce buffers, kept for the process's later reads
+READ_BOUNCES = AlignedPool(keep=2)
+"""The bounce buffers of direct reads (these and the adios2 backend's), kept for the
+process's later reads."""
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,7 @@ class _RunReader:
 
     def __enter__(self) -> _RunReader:
         if self._ranges:
-            self._buffers = [_BOUNCE.take(DIRECT_PIECE), _BOUNCE.take(DIRECT_PIECE)]
+            self._buffers = [READ_BOUNCES.take(DIRECT_PIECE), READ_BOUNCES.take(DIRECT_PIECE)]
             for buffer in self._buffers:
                 self._free.put(buffer)
             self._thread = threading.Thread(target=self._read, name="hpckpt-direct-read", daemon=True)
@@ -369,7 +371,7 @@ class _RunReader:
         if self._thread is not None:
             self._free.put(None)  # a reader waiting for a buffer stops
             self._thread.join()
-            _BOUNCE.give_back(self._buffers)
+            READ_BOUNCES.give_back(self._buffers)
 
     def scatter_next(self, run: Sequence[Segment]) -> list[int]:
         """Copy the next run's pieces into the segments of ``run`` (in file order, all

@@ -40,7 +40,7 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
     assert set(results["replicated"]["backends"]) == {"hdf5", "adios2", "posix"}
     assert set(results["restore"]["ways"]) >= {"raw", "raw-direct", "h5py", "hpckpt-hdf5", "hpckpt-adios2",
                                                "hpckpt-posix", "hpckpt-posix numpy memory",
-                                               "hpckpt-hdf5 numpy memory"}
+                                               "hpckpt-hdf5 numpy memory", "hpckpt-adios2 numpy memory"}
     assert results["restore"]["baselines"] == ["raw", "raw-direct"]
     assert set(results["rank_change"]) == {"hdf5", "adios2", "posix"}
     assert set(results["small"]["overhead_share"]) == {"hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}

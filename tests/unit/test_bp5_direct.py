@@ -107,9 +107,9 @@ def _read_back(directory: Path, backend: bp5.ADIOS2Backend, record: LeafRecord, 
 
 def test_a_restore_reads_page_aligned_memory_with_o_direct(tmp_path: Path) -> None:
     """With the feature BP5_DIRECT_READ, steps are read with BP5's DirectIO: a box of three
-    slabs read into page-aligned memory leaves none of the data file in the page cache;
-    read into memory 8 bytes off a page, or with ``direct_io=False``, it goes through the
-    cache. Every value is checked."""
+    slabs read into page-aligned memory leaves none of the data file in the page cache, nor
+    does one read into memory 8 bytes off a page (through the bounce buffers); with
+    ``direct_io=False`` it goes through the cache. Every value is checked."""
     from mpi4py import MPI
 
     field = aligned_empty((1280, 4096), np.float64)  # 40 MiB, rows of 32 KiB: slabs of 16, 16 and 8 MiB
@@ -124,7 +124,7 @@ def test_a_restore_reads_page_aligned_memory_with_o_direct(tmp_path: Path) -> No
     assert np.array_equal(aligned, field)
     storage = aligned_empty((field.size + 1,), field.dtype)
     shifted = storage[1:].reshape(field.shape)  # 8 bytes past a page
-    assert _read_back(tmp_path, backend, placed, shifted) >= field.nbytes // PAGE
+    assert _read_back(tmp_path, backend, placed, shifted) == 0
     assert np.array_equal(shifted, field)
     buffered = open_backend("adios2", {"direct_io": False})
     assert buffered.read_parameters == {}

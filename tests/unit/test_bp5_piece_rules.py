@@ -22,7 +22,8 @@ def test_only_large_unaligned_blocks_of_global_arrays_go_in_pieces():
     assert bp5_pieces.goes_in_pieces(put(unaligned))
     assert not bp5_pieces.goes_in_pieces(put(page_aligned[: 4 << 20]))  # written from its memory
     assert not bp5_pieces.goes_in_pieces(put(unaligned, shape=()))  # a Local block: its block id is its place
-    assert not bp5_pieces.goes_in_pieces(put(unaligned[: (256 << 10)]))  # small: BP5 copies it
+    assert bp5_pieces.goes_in_pieces(put(unaligned[: 1 << 20]))
+    assert not bp5_pieces.goes_in_pieces(put(unaligned[: (1 << 20) - 8]))  # small: BP5 copies it
 
 
 def test_consecutive_pieces_share_a_buffer_at_page_boundaries(monkeypatch):
