@@ -59,7 +59,7 @@ from .adios2_c import (
     package_directory,
 )
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
-from .bp5_pieces import BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
+from .bp5_pieces import PIECES_MIN, BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
 from .bp5_reads import Wanted, read_step
 
 if TYPE_CHECKING:
@@ -74,8 +74,13 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "AggregationType": "EveryoneWrites",
     "StatsLevel": "0",
 }
+# BP5 copies a deferred Put under MinDeferredSize (4 MiB) into its buffer at once, as if it
+# were synchronous: the pieces of 1-4 MiB (bp5_pieces) and the page-aligned arrays of that
+# size went through a second copy, into a new buffer each step. From PIECES_MIN they are
+# written from their own memory: later saves of a torch state took 0.291 s against 0.360 s
+# (2 ranks, medians of 10, alternating), its cold restores 0.424 s against 0.443 s.
 DIRECT_PARAMETERS = {"DirectIO": "true", "DirectIOAlignOffset": str(direct.ALIGNMENT),
-                     "DirectIOAlignBuffer": str(direct.ALIGNMENT)}
+                     "DirectIOAlignBuffer": str(direct.ALIGNMENT), "MinDeferredSize": str(PIECES_MIN)}
 # With the feature IN_PLACE_WRITE: the data files of a recycled data.bp/ are written over
 # in place and cut to size at close, instead of truncated at open and allocated again.
 IN_PLACE_PARAMETERS = {"TruncateDataFiles": "false"}

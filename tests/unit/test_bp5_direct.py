@@ -64,7 +64,7 @@ def test_a_page_aligned_array_is_written_directly_at_a_page_of_the_data_file(tmp
     probe = direct.open_direct(tmp_path / "probe", os.O_WRONLY | os.O_CREAT)
     assert probe >= 0, f"{tmp_path} takes no O_DIRECT: this test needs a file system that does"
     os.close(probe)
-    array = aligned_empty((1 << 20,), np.float64)  # 8 MiB, over BP5's MinDeferredSize
+    array = aligned_empty((1 << 18,), np.float64)  # 2 MiB: under BP5's own MinDeferredSize (4 MiB)
     array[:] = np.random.default_rng(5).standard_normal(array.size)
     (tmp_path / "direct").mkdir()
     backend = _save(tmp_path / "direct", array)
