@@ -66,8 +66,10 @@ def test_an_abort_ends_every_rank_whatever_communicator_waited(tmp_path):
     )
     started = time.monotonic()
     ended = run(["mpiexec", "-n", "3", sys.executable, "-c", script])
-    assert ended.returncode != 0 and "still running" not in ended.stdout, ended.stdout + ended.stderr[-3000:]
-    assert "MPI_Abort(MPI_COMM_WORLD, 3)" in ended.stderr + ended.stdout
+    # the job ends with the abort's code, at once: no rank sleeps its 30 s out. (MPICH's own
+    # "MPI_Abort(MPI_COMM_WORLD, 3)" line is not asserted: the abort kills the processes
+    # while their output may still be in the pipe to mpiexec, and CI once lost it.)
+    assert ended.returncode == 3 and "still running" not in ended.stdout, ended.stdout + ended.stderr[-3000:]
     assert time.monotonic() - started < 25
 
 
