@@ -223,9 +223,15 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         self.direct_io = bool(direct_io) and not chosen and ZERO_COPY in available
         wants_direct = bool(direct_io) and (not chosen or chosen[-1].lower() in ("true", "on"))
         self.read_parameters = {"DirectIO": "true"} if wants_direct and DIRECT_READ in available else {}
-        self.reads_direct = bool(self.read_parameters)  # large reads with O_DIRECT, some via bounce buffers
         self.reads_in_place = CONTIGUOUS_READ in available  # rows straight into the caller's memory
         self._takes_direct: dict[Path, bool] = {}  # per run directory: whether it takes O_DIRECT
+
+    @property
+    def reads_direct(self) -> bool:
+        """Whether steps are read with ``DirectIO`` (:attr:`read_parameters`): large reads
+        with ``O_DIRECT``, those into memory off a page through bounce buffers.
+        """
+        return bool(self.read_parameters)
 
     def write_parameters(self, directory: Path) -> dict[str, str]:
         """The engine parameters of a step written into ``directory`` (created if missing,

@@ -36,10 +36,10 @@ PIECE_BYTES = 64 << 20  # each of the two buffers (32 MiB measured 0.92 of a raw
 # Smaller unaligned blocks are left to BP5's copy, which puts them at no page boundary in
 # the file, so a restore reads them through the page cache; from 1 MiB (where restores read
 # with O_DIRECT, hpckpt.storage.bp5_reads) they go in pieces, which BP5 writes from the
-# aligned buffers at page boundaries (MinDeferredSize, in bp5.DIRECT_PARAMETERS). A torch state's cold restore
-# took 0.438 s and 0.456 s with pieces from 1 MiB against 0.467 s and 0.488 s from 4 MiB,
-# its later saves 0.323 s and 0.381 s against 0.317 s and 0.387 s (2 ranks, medians of 10,
-# alternating, two runs).
+# aligned buffers at page boundaries (MinDeferredSize, in bp5.DIRECT_PARAMETERS). A torch
+# state's cold restore took 0.438 s and 0.456 s with pieces from 1 MiB against 0.467 s and
+# 0.488 s from 4 MiB, its later saves 0.323 s and 0.381 s against 0.317 s and 0.387 s
+# (2 ranks, medians of 10, alternating, two runs).
 PIECES_MIN = 1 << 20
 _BUFFERS = AlignedPool(keep=2)  # kept for the process's later saves
 

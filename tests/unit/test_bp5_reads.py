@@ -150,7 +150,6 @@ def test_a_read_leaves_no_profiling_file_in_tmp(tmp_path: Path) -> None:
     assert np.array_equal(out, whole) and not profile.exists()
 
 
-
 def _off_a_page(shape: tuple[int, ...]) -> np.ndarray:
     """An uninitialised float64 array starting 64 bytes past a page, as a torch tensor does."""
     raw = aligned_empty((int(np.prod(shape)) * 8 + PAGE,), np.uint8)
