@@ -24,10 +24,10 @@ directory and in the cold restore, what BP5 itself takes next to hpckpt's adios2
 backend.
 
 Every case runs ``--repeat`` timed rounds after two untimed ones (``perf/suite_io.py``'s
-``measure``: the ways interleaved within a round, a file-system sync before each, the
-slowest rank's seconds); before every save the model takes an optimizer step (same
-gradients), so no save writes the bytes of the one before. Ratios are hpckpt's median
-time over DCP's (below 1 is faster).
+``measure``: the ways interleaved within a round, in an order shuffled each round, a
+file-system sync before each, the slowest rank's seconds); before every save the model
+takes an optimizer step (same gradients), so no save writes the bytes of the one
+before. Ratios are hpckpt's median time over DCP's (below 1 is faster).
 
 - ``first_save``: the first save of a job into a new, empty directory: a new
   ``Checkpointer`` opened and saving (both timed; ``open_s`` is the opening alone),

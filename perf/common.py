@@ -101,18 +101,19 @@ def write_raw(
         os.close(descriptor)
 
 
-def read_direct(path: Path, aligned: np.ndarray) -> None:
-    """Fill page-aligned ``aligned`` from the start of ``path`` with ``O_DIRECT`` reads
-    (one ``preadv`` per GiB); ``aligned.nbytes`` must be a multiple of 4096. Not collective.
+def read_direct(path: Path, aligned: np.ndarray, offset: int = 0) -> None:
+    """Fill page-aligned ``aligned`` from byte ``offset`` (a multiple of 4096) of ``path``
+    with ``O_DIRECT`` reads (one ``preadv`` per GiB); ``aligned.nbytes`` must be a multiple
+    of 4096. Not collective.
     """
     view = memoryview(aligned.reshape(-1).view(np.uint8))
     descriptor = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
         done = 0
         while done < len(view):
-            count = os.preadv(descriptor, [view[done : done + (1 << 30)]], done)
+            count = os.preadv(descriptor, [view[done : done + (1 << 30)]], offset + done)
             if count <= 0:
-                raise OSError(f"{path} ends at byte {done}")
+                raise OSError(f"{path} ends at byte {offset + done}")
             done += count
     finally:
         os.close(descriptor)

@@ -28,9 +28,12 @@ measured in the same run:
   ``O_DIRECT`` ``preadv``), with plain h5py (collective), plain ADIOS2 (its Python
   reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's
   restores into an array from ``numpy.empty`` (not page-aligned: its direct reads go
-  through bounce buffers). Cold reads vary the most on a shared disk (the same raw
-  direct read took 0.45-0.58 s from one round to the next), so this case takes
-  :func:`restore_rounds` rounds (9 for ``--repeat 5``);
+  through bounce buffers). Each backend's restore is also taken against a raw
+  ``O_DIRECT`` read of the same bytes in its own step's files (``same_files``: what
+  hpckpt adds to reading those very bytes, whatever the files' place on the disk).
+  Cold reads vary the most on a shared disk (the same raw direct read took 0.50-0.70 s
+  from one round to the next), so this case takes :func:`restore_rounds` rounds (19
+  for ``--repeat 5``);
 - ``rank_change``: rank 0 alone restores the whole array from the 2-rank step, against
   restoring it from a step one rank wrote (same bytes, same reader);
 - ``small``: 10,000 arrays per rank, against a raw write of their concatenation, with
@@ -51,17 +54,19 @@ import argparse
 import gc
 import json
 import os
+import random
 import shutil
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
 
 import hpckpt
-from hpckpt.buffers.host import aligned_empty
+from hpckpt.buffers.host import PAGE, aligned_empty
 
 from common import (
     fresh_directory,
@@ -100,13 +105,18 @@ def measure(
     before: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds of each way on the slowest rank, ``repeat`` rounds after ``WARM_UP`` untimed
-    ones, interleaved; ``before(way)`` runs untimed before each, then a file-system sync
-    (untimed), so that no way pays for the write-back or the discards of the way before
-    it (a recycled ADIOS2 subfile is truncated at open: its freed blocks were discarded
-    during the next way's write). Collective."""
+    ones, interleaved, in an order shuffled anew each round (the same on every rank, seeded
+    by the round: no way always runs first or after the same way); ``before(way)`` runs untimed
+    before each, then a file-system sync (untimed), so that no way pays for the
+    write-back or the discards of the way before it (a recycled ADIOS2 subfile is
+    truncated at open: its freed blocks were discarded during the next way's write).
+    Collective."""
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(WARM_UP + repeat):
-        for name, action in ways.items():
+        order = list(ways)
+        random.Random(round_).shuffle(order)
+        for name in order:
+            action = ways[name]
             if before is not None:
                 before(name)
             comm.Barrier()
@@ -300,8 +310,13 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
         way = f"hpckpt-{name} numpy memory"
         reads[way] = lambda checkpointer=checkpointers[name]: checkpointer.restore(numpy_state)
         sources[way] = root / name
+    for name in BACKENDS:
+        same = stored_block(comm, checkpointers[name], block)
+        reads[f"raw-direct {name} files"] = lambda same=same: same.read(target)
+        sources[f"raw-direct {name} files"] = same.path
     seconds = measure(comm, reads, restore_rounds(repeat), lambda way: drop_cache(sources[way]))
     results["restore"] = summary(seconds, total, ("raw", "raw-direct"))
+    results["restore"]["same_files"] = same_files_ratios(seconds)
     if not (np.array_equal(target, block) and np.array_equal(numpy_target, block)):
         raise AssertionError("the last restore did not give back the saved array")
     for checkpointer in checkpointers.values():
@@ -312,9 +327,77 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     return phases
 
 
+def stored_block(comm: MPI.Comm, checkpointer: hpckpt.Checkpointer, block: np.ndarray) -> SameBytes:
+    """Where this rank's ``block`` lies in the newest step of ``checkpointer``: the one
+    file at least as large as the block (posix: the rank's own; hdf5 and adios2: the
+    step's one shared data file), and the stretches of it that hold the block. Found by
+    content (the first bytes of each MiB of the block against the first bytes of every
+    page of the file), then checked byte for byte; untimed, and the file is evicted from
+    the page cache again. Collective (the step is the newest on every rank).
+    """
+    step_dir = checkpointer.run_dir.step_path(checkpointer.latest_step())
+    files = [path for path in sorted(step_dir.rglob("*"))
+             if path.is_file() and path.stat().st_size >= block.nbytes]
+    path = next((path for path in files if path.name == f"data-{comm.rank:05d}.bin"), files[0])
+    stored = np.memmap(path, dtype=np.uint8, mode="r")
+    page_keys = stored[: len(stored) // PAGE * PAGE].reshape(-1, PAGE)[:, :8].copy().view(np.uint64).ravel()
+    order = np.argsort(page_keys)
+    flat = block.reshape(-1).view(np.uint8)
+    stretches: list[tuple[int, int, int]] = []  # (file offset, block offset, bytes)
+    for start in range(0, len(flat), 2**20):
+        key = flat[start : start + 8].view(np.uint64)[0]
+        found = np.searchsorted(page_keys, key, sorter=order)
+        if found == len(order) or page_keys[order[found]] != key:
+            raise AssertionError(f"MiB {start >> 20} of rank {comm.rank}'s block is at no page of {path}")
+        at, length = int(order[found]) * PAGE, min(2**20, len(flat) - start)
+        last_at, last_start, last_length = stretches[-1] if stretches else (-1, -1, 0)
+        if last_at + last_length == at and last_start + last_length == start:
+            stretches[-1] = (last_at, last_start, last_length + length)
+        else:
+            stretches.append((at, start, length))
+    for at, start, length in stretches:
+        if not np.array_equal(stored[at : at + length], flat[start : start + length]):
+            raise AssertionError(f"rank {comm.rank}'s block differs from bytes {at}-{at + length} of {path}")
+    del stored
+    drop_cache(path)
+    return SameBytes(path, stretches)
+
+
+@dataclass(frozen=True)
+class SameBytes:
+    """A block's bytes in a file, as stretches ``(file offset, block offset, bytes)``; read
+    read raw into page-aligned ``memory`` (as large as the block) with ``O_DIRECT``, one
+    ``preadv`` per stretch. Not collective.
+    """
+
+    path: Path
+    stretches: list[tuple[int, int, int]]
+
+    def read(self, memory: np.ndarray) -> None:
+        flat = memory.reshape(-1).view(np.uint8)
+        for at, start, length in self.stretches:
+            read_direct(self.path, flat[start : start + length], at)
+
+
+def same_files_ratios(seconds: dict[str, list[float]]) -> dict[str, dict]:
+    """For each backend, hpckpt's cold restores against the raw ``O_DIRECT`` read of the
+    same bytes of its own step's files (``raw-direct NAME files``): that read's median
+    seconds, and the bandwidth ratios of the restore into page-aligned memory and into
+    NumPy's.
+    """
+    ratios = {}
+    for name in BACKENDS:
+        base = statistics.median(seconds[f"raw-direct {name} files"])
+        ratios[name] = {"baseline_s": base,
+                        "ratio": base / statistics.median(seconds[f"hpckpt-{name}"]),
+                        "numpy_memory_ratio":
+                            base / statistics.median(seconds[f"hpckpt-{name} numpy memory"])}
+    return ratios
+
+
 def restore_rounds(repeat: int) -> int:
-    """The timed rounds of the cold restore case: ``2 * repeat - 1``."""
-    return 2 * repeat - 1
+    """The timed rounds of the cold restore case: ``4 * repeat - 1``."""
+    return 4 * repeat - 1
 
 
 def rank_change(comm: MPI.Comm, root: Path, block: np.ndarray, repeat: int) -> dict:
@@ -555,6 +638,9 @@ def main() -> None:
         show("save into new files", results["save_new"])
         show("save over earlier files (in place)", results["save_in_place"])
         show("restore (cold)", results["restore"])
+        for name, row in results["restore"]["same_files"].items():
+            print(f"  hpckpt-{name} against raw-direct {name} files ({row['baseline_s']:.3f} s): "
+                  f"{row['ratio']:.2f} x, into numpy memory {row['numpy_memory_ratio']:.2f} x", flush=True)
         for name, result in results["rank_change"].items():
             show(f"restore on rank 0 alone, {name}", result)
     if "small" in args.cases:

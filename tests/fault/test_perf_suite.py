@@ -42,6 +42,11 @@ def test_the_benchmark_suite_writes_json_and_plots(tmp_path):
                                                "hpckpt-posix", "hpckpt-posix numpy memory",
                                                "hpckpt-hdf5 numpy memory", "hpckpt-adios2 numpy memory"}
     assert results["restore"]["baselines"] == ["raw", "raw-direct"]
+    # each backend's restore also against raw reads of the same bytes in its own files, found and checked
+    same_files = results["restore"]["same_files"]
+    assert set(same_files) == {"hdf5", "adios2", "posix"}
+    assert all(row["ratio"] > 0 and f"raw-direct {name} files" in results["restore"]["ways"]
+               for name, row in same_files.items())
     assert set(results["rank_change"]) == {"hdf5", "adios2", "posix"}
     assert set(results["small"]["overhead_share"]) == {"hpckpt-hdf5", "hpckpt-adios2", "hpckpt-posix"}
     assert set(results["incremental"]["posix"]["written_bytes_per_rank"]) == {"full", "delta over the base"}
