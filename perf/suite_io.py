@@ -502,7 +502,9 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
     """How long save(blocking=False) blocks, against one memcpy of the state (a job's
     first save: against a copy into new memory, :func:`first_blocking`), and how much
     slower the application's compute between saves runs while the save is written,
-    against the same compute without checkpoints (per backend). Collective."""
+    against the same compute without checkpoints (per backend). The memcpy and the
+    compute alone are measured in the same loop with a copy in place of each save (the
+    same medians of the same rounds). Collective."""
     block, state = rank_rows(comm, mib)
     work = np.random.default_rng(1).random(1 << 16) + 1.0
 
@@ -516,10 +518,21 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
     # about ``compute`` seconds of work; a second pass corrects a probe slowed by a warm-up
     for _ in range(2):
         units = comm.bcast(max(1, int(units * compute / run(units))))
-    alone = [max(comm.allgather(run(units))) for _ in range(3)]
+    # The same loop without checkpoints: a copy of the state into a reused buffer where a
+    # save would start (after the compute, as the saves' copies are), then the compute.
+    copy = np.empty_like(block)
+    copied, alone = [], []
+    for _ in range(saves):
+        gc.collect()
+        comm.Barrier()
+        start = time.perf_counter()
+        np.copyto(copy, block)
+        copied.append(time.perf_counter() - start)
+        alone.append(run(units))
     copies, firsts = first_blocking(comm, root, block, state, repeat)
-    result = {"memcpy_s": memcpy_seconds(comm, block), "memcpy_new_memory_s": statistics.median(copies),
-              "memcpy_new_memory_all_s": copies, "compute_s": statistics.median(alone), "backends": {}}
+    result = {"memcpy_s": max(comm.allgather(statistics.median(copied[WARM_UP + 1 :]))),
+              "memcpy_new_memory_s": statistics.median(copies), "memcpy_new_memory_all_s": copies,
+              "compute_s": max(comm.allgather(statistics.median(alone[WARM_UP:]))), "backends": {}}
     for name in BACKENDS:
         blocked, computed = [], []
         with hpckpt.Checkpointer(root / f"async-{name}", comm=comm, backend=name, keep=1) as checkpointer:
