@@ -502,9 +502,13 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
     """How long save(blocking=False) blocks, against one memcpy of the state (a job's
     first save: against a copy into new memory, :func:`first_blocking`), and how much
     slower the application's compute between saves runs while the save is written,
-    against the same compute without checkpoints (per backend). The memcpy and the
-    compute alone are measured in the same loop with a copy in place of each save (the
-    same medians of the same rounds). Collective."""
+    against the same compute without a save in flight (per backend). Collective.
+
+    Each round times, in this order: a copy of the state into a reused buffer, the
+    compute alone, the save, the compute beside it; so each baseline is measured beside
+    what it is compared with (a copy's speed moves by a third from moment to moment on
+    this machine, both ranks at once), and the ratios are of medians of the same rounds.
+    """
     block, state = rank_rows(comm, mib)
     work = np.random.default_rng(1).random(1 << 16) + 1.0
 
@@ -514,54 +518,60 @@ def blocking_time(comm: MPI.Comm, root: Path, mib: int, saves: int, compute: flo
             np.sqrt(work, out=work)
         return time.perf_counter() - start
 
+    def after_barrier(action: Callable[[], object]) -> float:
+        gc.collect()  # untimed, as in common.timed: no collection that objects made before triggers
+        comm.Barrier()
+        start = time.perf_counter()
+        action()
+        return time.perf_counter() - start
+
+    def slowest_median(values: list[float]) -> float:
+        return max(comm.allgather(statistics.median(values)))
+
     units = 200
     # about ``compute`` seconds of work; a second pass corrects a probe slowed by a warm-up
     for _ in range(2):
         units = comm.bcast(max(1, int(units * compute / run(units))))
-    # The same loop without checkpoints: a copy of the state into a reused buffer where a
-    # save would start (after the compute, as the saves' copies are), then the compute.
-    copy = np.empty_like(block)
-    copied, alone = [], []
-    for _ in range(saves):
-        gc.collect()
-        comm.Barrier()
-        start = time.perf_counter()
-        np.copyto(copy, block)
-        copied.append(time.perf_counter() - start)
-        alone.append(run(units))
     copies, firsts = first_blocking(comm, root, block, state, repeat)
-    result = {"memcpy_s": max(comm.allgather(statistics.median(copied[WARM_UP + 1 :]))),
-              "memcpy_new_memory_s": statistics.median(copies), "memcpy_new_memory_all_s": copies,
-              "compute_s": max(comm.allgather(statistics.median(alone[WARM_UP:]))), "backends": {}}
+    result: dict = {"memcpy_new_memory_s": statistics.median(copies), "memcpy_new_memory_all_s": copies,
+                    "backends": {}}
+    copy = np.empty_like(block)
+    all_copied, all_alone = [], []
     for name in BACKENDS:
-        blocked, computed = [], []
+        copied, alone, blocked, computed = [], [], [], []
         with hpckpt.Checkpointer(root / f"async-{name}", comm=comm, backend=name, keep=1) as checkpointer:
             for step in range(1, saves + 1):
-                gc.collect()  # untimed, as in common.timed: no collection that objects made before triggers
-                comm.Barrier()
-                start = time.perf_counter()
-                checkpointer.save(step, state, blocking=False)
-                blocked.append(time.perf_counter() - start)
+                copied.append(after_barrier(lambda: np.copyto(copy, block)))
+                alone.append(run(units))
+                blocked.append(after_barrier(
+                    lambda step=step: checkpointer.save(step, state, blocking=False)))
                 computed.append(run(units))
             checkpointer.wait()
         # Save k blocks while save k-1 still runs (one buffer set): with keep=1 saves 1 and 2
         # write new files, and the steady state (recycled files) is from save 3 on, seen
         # in the blocking of save 4 on and in the compute after save 3 on.
-        steady = max(comm.allgather(statistics.median(blocked[WARM_UP + 1 :])))
-        slowed = max(comm.allgather(statistics.median(computed[WARM_UP:])))
+        memcpy, compute_alone = slowest_median(copied[WARM_UP + 1 :]), slowest_median(alone[WARM_UP:])
+        all_copied += copied[WARM_UP + 1 :]
+        all_alone += alone[WARM_UP:]
+        steady = slowest_median(blocked[WARM_UP + 1 :])
+        slowed = slowest_median(computed[WARM_UP:])
         new_files = max(comm.allgather(max(computed[:WARM_UP])))
         first = statistics.median(firsts[name])
         result["backends"][name] = {
             "first_s": first, "first_all_s": firsts[name], "steady_s": steady,
-            "ratio": steady / result["memcpy_s"],
+            "memcpy_s": memcpy, "ratio": steady / memcpy,
             # the first save maps its staging buffers: against a copy into new memory
             "first_ratio": first / result["memcpy_new_memory_s"],
-            "compute_s": slowed, "compute_slowdown": slowed / result["compute_s"] - 1.0,
-            "compute_slowdown_new_files": new_files / result["compute_s"] - 1.0,
+            "compute_alone_s": compute_alone, "compute_s": slowed,
+            "compute_slowdown": slowed / compute_alone - 1.0,
+            "compute_slowdown_new_files": new_files / compute_alone - 1.0,
             "blocked_new_files_s": max(comm.allgather(max(blocked[1 : WARM_UP + 1]))),
             "blocked_s": [max(values) for values in zip(*comm.allgather(blocked))],
+            "copied_s": [max(values) for values in zip(*comm.allgather(copied))],
             "computed_s": [max(values) for values in zip(*comm.allgather(computed))],
         }
+    result["memcpy_s"] = slowest_median(all_copied)  # every backend's rounds: the plot's memcpy bar
+    result["compute_s"] = slowest_median(all_alone)
     return result
 
 
@@ -668,15 +678,13 @@ def main() -> None:
         results["async"] = blocking_time(comm, root, args.mib, args.async_saves, args.async_compute,
                                          args.repeat)
     if comm.rank == 0 and "async" in args.cases:
-        print(f"async: memcpy {results['async']['memcpy_s']:.3f} s "
-              f"(into new memory {results['async']['memcpy_new_memory_s']:.3f} s), "
-              f"compute {results['async']['compute_s']:.3f} s; "
-              + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x), "
-                          f"first {v['first_s']:.3f} s ({v['first_ratio']:.2f} x), "
-                          f"compute +{v['compute_slowdown']:.1%} "
+        print(f"async: memcpy into new memory {results['async']['memcpy_new_memory_s']:.3f} s; "
+              + ", ".join(f"{k} blocks {v['steady_s']:.3f} s ({v['ratio']:.2f} x its rounds' memcpy "
+                          f"{v['memcpy_s']:.3f} s), first {v['first_s']:.3f} s ({v['first_ratio']:.2f} x), "
+                          f"compute {v['compute_slowdown']:+.1%} of {v['compute_alone_s']:.3f} s "
                           f"(new files: blocks {v['blocked_new_files_s']:.3f} s, "
-                          f"compute +{v['compute_slowdown_new_files']:.1%})"
-                          for k, v in results["async"]["backends"].items()))
+                          f"compute {v['compute_slowdown_new_files']:+.1%})"
+                          for k, v in results["async"]["backends"].items()), flush=True)
     if "replicated" in args.cases:
         root = fresh_directory(comm, args.dir)
         results["replicated"] = replicated(comm, root, args.mib // 2)
