@@ -38,10 +38,11 @@ measured in the same run:
   restoring it from a step one rank wrote (same bytes, same reader);
 - ``small``: 10,000 arrays per rank, against a raw write of their concatenation, with
   each step's bytes beyond the data (manifest, library metadata) as a share of the data;
-- ``async``: how long ``save(blocking=False)`` blocks, against a memcpy of the state (the
-  first save of a new Checkpointer, which maps its staging buffers, ``--repeat`` times,
-  each beside a copy into newly mapped memory), and how much slower the compute between
-  saves runs meanwhile, against no checkpointing;
+- ``async``: how long ``save(blocking=False)`` blocks, against a memcpy of the state in
+  the same rounds (the first save of a new Checkpointer, which maps its staging buffers,
+  ``--repeat`` times, each beside a copy into newly mapped memory), and how much slower
+  the compute between saves runs meanwhile, against the same compute with no save in
+  flight, in the same rounds;
 - ``replicated``: a replicated array of half that size: the bytes each rank writes, and
   the bytes all ranks read from storage (``/proc/self/io``) in a cold restore;
 - ``incremental``: a "fine-tuned" state (the large array frozen, a small head changed)
