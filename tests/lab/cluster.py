@@ -492,7 +492,8 @@ class Job:
         except subprocess.TimeoutExpired:
             self.kill()
             raise LabError(
-                f"job {self.job_id} did not finish within {timeout} s:\n{self.stderr[-3000:]}"
+                f"job {self.job_id} did not finish within {timeout} s; its stdout ends with:\n"
+                f"{self.stdout[-2000:]}\nits stderr with:\n{self.stderr[-3000:]}"
             ) from None
         self.returncode = self.process.returncode
 
