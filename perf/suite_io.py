@@ -366,9 +366,9 @@ def stored_block(comm: MPI.Comm, checkpointer: hpckpt.Checkpointer, block: np.nd
 
 @dataclass(frozen=True)
 class SameBytes:
-    """A block's bytes in a file, as stretches ``(file offset, block offset, bytes)``; read
-    read raw into page-aligned ``memory`` (as large as the block) with ``O_DIRECT``, one
-    ``preadv`` per stretch. Not collective.
+    """A block's bytes in a file, as stretches ``(file offset, block offset, bytes)``;
+    :meth:`read` reads them raw into page-aligned ``memory`` (as large as the block) with
+    ``O_DIRECT``, one ``preadv`` per stretch. Not collective.
     """
 
     path: Path
