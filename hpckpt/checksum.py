@@ -35,11 +35,18 @@ def block_checksum(array: np.ndarray) -> str:
     return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8).data)
 
 
+def running_checksum() -> xxhash.xxh3_64:
+    """A digest fed piece by piece (``update``); its ``hexdigest()`` is the same as
+    :func:`block_checksum` of the pieces joined.
+    """
+    return xxhash.xxh3_64()
+
+
 def pieces_checksum(pieces: Iterable[np.ndarray]) -> str:
     """Return the hex ``xxh3_64`` digest of the bytes of ``pieces`` (uint8 arrays) in order:
     the same digest as :func:`block_checksum` of their concatenation.
     """
-    digest = xxhash.xxh3_64()
+    digest = running_checksum()
     for piece in pieces:
         digest.update(piece.data)
     return digest.hexdigest()

@@ -14,13 +14,16 @@ from round to round):
   phases and whether it gathered the plans are recorded, and so are a later save's;
 - ``empty``: the first save of a new Checkpointer into an empty run directory.
 
-Ratios are the raw write's median over the way's (bandwidth ratio: above 1 is faster
-than raw), the raw median taken over every job of the run: the raw write is the same
-in every job, and five of them per row swung with whatever the disk still did for the
-job before (0.16-1.1 s in the adios2 rows of one run, 0.15-0.2 s in the others).
-Each row keeps its own jobs' raw times and ratio (``own_raw_ratio``) beside it.
-``perf/suite.py`` (``make bench``) runs it and puts the result in ``suite.json`` under
-``first_save``.
+Each job's ratio is its raw write's time over its save's (bandwidth ratio: above 1 is
+faster than raw), both timed in that job one after the other; a row's ``ratio`` is the
+median of its jobs' ratios. The disk's speed moves from job to job (what it still does
+for the job before, the machine's load): one run's raw writes took 0.19-0.27 s, another's
+0.16-1.1 s in one row, and a row whose jobs drew slow moments measured 0.80 of the run's
+pooled raw median and 0.97 of its own jobs' raw. A job's two writes share its moment;
+the median of five pairs is not moved by one job's outlier. Each row also keeps
+``pooled_ratio`` (the raw median over every job of the run over the row's median save)
+and ``own_raw_ratio`` (its own jobs' medians). ``perf/suite.py`` (``make bench``) runs
+it and puts the result in ``suite.json`` under ``first_save``.
 """
 
 from __future__ import annotations
@@ -139,20 +142,27 @@ def first_saves(args: argparse.Namespace) -> dict:
 
 
 def with_ratios(results: dict) -> None:
-    """Each row's ``ratio`` (and ``later_ratio``): the median raw write of every job of
-    the run over the row's median save; printed.
+    """Each row's ``ratio`` (and ``later_ratio``): the median over its jobs of the job's raw
+    write over its save; and ``pooled_ratio``: the median raw write of every job of the
+    run over the row's median save. Printed.
     """
     rows = [row for backend in results["backends"].values() for row in backend.values()]
     raw = statistics.median(seconds for row in rows for seconds in row["raw_s"])
     results["raw_s"] = raw
     for backend, ways in results["backends"].items():
         for way, row in ways.items():
-            row["ratio"] = raw / statistics.median(row["save_s"])
+            row["ratio"] = paired_ratio(row["raw_s"], row["save_s"])
+            row["pooled_ratio"] = raw / statistics.median(row["save_s"])
             if "later_s" in row:
-                row["later_ratio"] = raw / statistics.median(row["later_s"])
+                row["later_ratio"] = paired_ratio(row["raw_s"], row["later_s"])
             later = f"  (a later save {row['later_ratio']:.2f} x)" if "later_ratio" in row else ""
-            print(f"  {backend:7s} {way:9s} {row['ratio']:5.2f} x raw ({raw:.3f} s, every job's median)"
-                  + later, flush=True)
+            print(f"  {backend:7s} {way:9s} {row['ratio']:5.2f} x its jobs' raw, "
+                  f"{row['pooled_ratio']:5.2f} x every job's median ({raw:.3f} s)" + later, flush=True)
+
+
+def paired_ratio(raw_s: list[float], save_s: list[float]) -> float:
+    """The median over jobs of a job's raw seconds over its save's."""
+    return statistics.median(raw / save for raw, save in zip(raw_s, save_s, strict=True))
 
 
 def options(parser: argparse.ArgumentParser) -> None:

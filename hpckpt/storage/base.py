@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, TypeVar, 
 
 import numpy as np
 
+from ..buffers.gathered import Gathered, PieceBytes
 from ..model.layout import records_by_rank
 from ..model.manifest import Block, LeafRecord
 
@@ -85,11 +86,36 @@ class Encoded(NamedTuple):
 
 @dataclass(frozen=True)
 class BlockData:
-    """One stored block and its bytes: ``array`` (C-contiguous) is written, or read into."""
+    """One stored block and its bytes: ``array`` (C-contiguous) is written, or read into.
+
+    A block to write may be ``gathered``: ``array`` is then its buffer, not yet filled
+    (a pack, for a backend whose :meth:`Backend.writes_gathered` says so), and is read
+    through :meth:`placed` or :meth:`contents`, never directly.
+    """
 
     record: LeafRecord
     block: Block
     array: np.ndarray
+    gathered: Gathered | None = None
+
+    def placed(self, offset: int) -> list[tuple[int, PieceBytes]]:
+        """(file offset, bytes) of the block written from file ``offset`` on: a gathered
+        block as bytes that its writer fills as it goes.
+        """
+        if self.gathered is not None:
+            return [(offset, self.gathered.bytes())]
+        return [(offset, self.array.reshape(-1).view(np.uint8).data)]
+
+    def contents(self) -> np.ndarray:
+        """``array``, filled first where it is gathered."""
+        return self.gathered.filled() if self.gathered is not None else self.array
+
+
+def written_block(record: LeafRecord, block: Block, stored: np.ndarray | Gathered) -> BlockData:
+    """The block to write holding ``stored``: an array, or a gathered block. Pure."""
+    if isinstance(stored, Gathered):
+        return BlockData(record, block, stored.buffer, stored)
+    return BlockData(record, block, stored)
 
 
 @dataclass(frozen=True)
@@ -193,6 +219,14 @@ class Backend(ABC):
         with others (model/layout.py). Pure. Default: True.
         """
         return True
+
+    def writes_gathered(self, path: str) -> bool:
+        """Whether :meth:`write` takes leaf ``path``'s block gathered (a pack:
+        :class:`~hpckpt.buffers.gathered.Gathered`, filled as it is written), where
+        :meth:`encode` stores its bytes as they are and :meth:`write` places each block's
+        bytes with :meth:`BlockData.placed`. Pure. Default: False (filled before the write).
+        """
+        return False
 
     @abstractmethod
     def layout(self, records: Sequence[LeafRecord]) -> tuple[LeafRecord, ...]:

@@ -328,7 +328,7 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         for data in blocks:
             if data.block.size:
                 record = data.record
-                stored = _stored_view(data.array, record.location.get("encoding") == "bytes")
+                stored = _stored_view(data.contents(), record.location.get("encoding") == "bytes")
                 put = BlockPut(record.path, str(record.kind), stored, *_selection(record, data.block))
                 (later if in_pieces and goes_in_pieces(put) else whole).append(put)
         fills = buffer_fills(later)

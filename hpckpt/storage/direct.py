@@ -20,7 +20,10 @@ Rules that keep the two kinds of write apart:
   range;
 - a large piece whose memory lies on a page boundary where its file offset does (the
   buffers of non-blocking saves and of packs, :func:`~hpckpt.buffers.host.aligned_empty`)
-  is written from where it is; the rest of a run is copied into two page-aligned bounce
+  is written from where it is; a gathered block's buffer (a pack,
+  :mod:`hpckpt.buffers.gathered`) is filled a chunk at a time, each filled chunk written
+  while the next is filled (2 ranks of 160 MiB packs: 0.158 s against 0.187 s filled
+  first, 32 MiB chunks); the rest of a run is copied into two page-aligned bounce
   buffers, one filled while the other is written. A state of many tensors of a few MiB
   (a torch model) thus goes out in 16 MiB direct writes instead of one write per
   tensor: 182 MiB per rank of a transformer's 588 tensors into a new file took
@@ -45,12 +48,14 @@ from queue import SimpleQueue
 import numpy as np
 
 from .._activity import current
+from ..buffers.gathered import GatheredBytes, PieceBytes
 from ..buffers.host import PAGE, AlignedPool
 
 ALIGNMENT = PAGE  # file offsets, lengths and memory of direct writes (>= the 512 bytes of most disks)
 DIRECT_MIN = 4 << 20  # smaller runs are written through the page cache
 MAX_GAP = 64 << 10  # bytes of padding a run spans with fill_gaps
 BOUNCE_BYTES = 16 << 20  # each of the two bounce buffers
+FILL_CHUNK = 32 << 20  # a gathered block's bytes filled, then written, at a time
 _MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
 _MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
 _DIRECT = getattr(os, "O_DIRECT", 0)
@@ -60,7 +65,7 @@ _BOUNCE = AlignedPool(keep=2)  # the bounce buffers, kept for the process's late
 
 
 def write_pieces(
-    path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool = True, fill_gaps: bool = False
+    path: Path, pieces: Sequence[tuple[int, PieceBytes]], direct: bool = True, fill_gaps: bool = False
 ) -> int:
     """Write each ``(file offset, bytes)`` piece of ``pieces`` into ``path`` (created if
     missing, never truncated), whole pages of large runs directly (see the module).
@@ -78,12 +83,12 @@ def write_pieces(
         activity.leave_file()
 
 
-def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: bool, fill_gaps: bool) -> int:
+def _write_pieces(path: Path, pieces: Sequence[tuple[int, PieceBytes]], direct: bool, fill_gaps: bool) -> int:
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     direct_descriptor = -1
     direct_bytes = 0
     try:
-        buffered: list[tuple[int, memoryview]] = []
+        buffered: list[tuple[int, PieceBytes]] = []
         for run in _file_runs(pieces, fill_gaps):
             if not (direct and _DIRECT) or sum(len(view) for _, view in run) < DIRECT_MIN:
                 buffered += run
@@ -102,8 +107,9 @@ def _write_pieces(path: Path, pieces: Sequence[tuple[int, memoryview]], direct: 
                 else:
                     direct = False
                     buffered += _placed(offset, views)
-        for start, views in _contiguous_runs(sorted(buffered, key=lambda piece: piece[0])):
-            _pwritev_all(descriptor, views, start)
+        filled = sorted(((offset, _memory(data)) for offset, data in buffered), key=lambda piece: piece[0])
+        for start, run_views in _contiguous_runs(filled):
+            _pwritev_all(descriptor, run_views, start)
     finally:
         os.close(descriptor)
         if direct_descriptor >= 0:
@@ -120,12 +126,12 @@ class _Part(Enum):
 
 
 def _file_runs(
-    pieces: Sequence[tuple[int, memoryview]], fill_gaps: bool
-) -> list[list[tuple[int, memoryview]]]:
+    pieces: Sequence[tuple[int, PieceBytes]], fill_gaps: bool
+) -> list[list[tuple[int, PieceBytes]]]:
     """``pieces`` sorted by offset, in runs that follow each other in the file (with
     ``fill_gaps``, across gaps under :data:`MAX_GAP` bytes, which get pieces of zeros).
     """
-    runs: list[list[tuple[int, memoryview]]] = []
+    runs: list[list[tuple[int, PieceBytes]]] = []
     end = -1
     for offset, view in sorted(((offset, view) for offset, view in pieces if len(view)), key=lambda p: p[0]):
         gap = offset - end
@@ -139,14 +145,14 @@ def _file_runs(
     return runs
 
 
-def _run_parts(run: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[memoryview], _Part]]:
+def _run_parts(run: Sequence[tuple[int, PieceBytes]]) -> list[tuple[int, list[PieceBytes], _Part]]:
     """A large run as parts that follow each other: the whole pages of each large piece
     whose memory is page-aligned where its file offset is, written from its memory; the
     whole pages of the stretches between, bounced; the partial pages at the stretches'
     ends (and every stretch under :data:`DIRECT_MIN` bytes) buffered.
     """
-    parts: list[tuple[int, list[memoryview], _Part]] = []
-    stretch: list[tuple[int, memoryview]] = []
+    parts: list[tuple[int, list[PieceBytes], _Part]] = []
+    stretch: list[tuple[int, PieceBytes]] = []
 
     def close_stretch() -> None:
         if not stretch:
@@ -179,8 +185,8 @@ def _run_parts(run: Sequence[tuple[int, memoryview]]) -> list[tuple[int, list[me
 
 
 def _between(
-    stretch: Sequence[tuple[int, memoryview]], starts: Sequence[int], low: int, high: int
-) -> list[memoryview]:
+    stretch: Sequence[tuple[int, PieceBytes]], starts: Sequence[int], low: int, high: int
+) -> list[PieceBytes]:
     """The views of the file bytes ``[low, high)`` of contiguous ``stretch``, whose
     pieces start at ``starts``: only the first and the last piece are cut.
     """
@@ -195,7 +201,7 @@ def _between(
     return views if len(views[0]) and len(views[-1]) else [view for view in views if len(view)]
 
 
-def _placed(offset: int, views: Sequence[memoryview]) -> list[tuple[int, memoryview]]:
+def _placed(offset: int, views: Sequence[PieceBytes]) -> list[tuple[int, PieceBytes]]:
     """Contiguous ``views`` from file ``offset`` on, each with its own offset."""
     placed = []
     for view in views:
@@ -230,19 +236,29 @@ def _direct_range(offset: int, length: int) -> tuple[int, int]:
     return (0, 0) if length < DIRECT_MIN else whole_pages(offset, length)
 
 
-def _address(view: memoryview) -> int:
+def _address(view: PieceBytes) -> int:
+    if isinstance(view, GatheredBytes):
+        return view.address
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-def _write_direct(descriptor: int, views: Sequence[memoryview], offset: int, in_place: bool) -> bool:
+def _memory(view: PieceBytes) -> memoryview:
+    """The bytes of ``view`` in memory: a gathered block's filled up to their end first."""
+    return view.view() if isinstance(view, GatheredBytes) else view
+
+
+def _write_direct(descriptor: int, views: Sequence[PieceBytes], offset: int, in_place: bool) -> bool:
     """Write contiguous ``views`` (whole pages in all) at page-aligned ``offset`` directly:
     from their own memory (``in_place``: one page-aligned view), else through bounce
     buffers. False (nothing known to be written, so the caller writes it all again
     buffered) where the file system refuses.
     """
     try:
-        if in_place:
-            _pwrite_direct(descriptor, views[0], offset)
+        first = views[0]
+        if in_place and isinstance(first, GatheredBytes):
+            _pwrite_filling(descriptor, first, offset)
+        elif in_place:
+            _pwrite_direct(descriptor, _memory(first), offset)
         else:
             _pwrite_bounced(descriptor, views, offset)
     except OSError as exc:
@@ -263,7 +279,40 @@ def _pwrite_direct(descriptor: int, view: memoryview, offset: int) -> None:
         done += written
 
 
-def _pwrite_bounced(descriptor: int, views: Sequence[memoryview], offset: int) -> None:
+def _pwrite_filling(descriptor: int, view: GatheredBytes, offset: int) -> None:
+    """Fill gathered ``view`` (whole pages, page-aligned) :data:`FILL_CHUNK` bytes at a
+    time and write each filled chunk from the buffer directly in a helper thread while
+    the next is filled (the copy releases the GIL for large parts, the write always).
+    """
+    chunks: SimpleQueue[tuple[int, int] | None] = SimpleQueue()
+    failures: list[Exception] = []
+
+    def writer() -> None:
+        while (item := chunks.get()) is not None:
+            start, stop = item
+            try:
+                if not failures:
+                    _pwrite_direct(descriptor, view[start:stop].view(), offset + start)
+            except Exception as exc:  # noqa: BLE001 - raised by the caller's thread
+                failures.append(exc)
+
+    thread = threading.Thread(target=writer, name="hpckpt-direct", daemon=True)
+    thread.start()
+    try:
+        for start in range(0, len(view), FILL_CHUNK):
+            if failures:
+                break
+            stop = min(start + FILL_CHUNK, len(view))
+            view[:stop].fill()
+            chunks.put((start, stop))
+    finally:
+        chunks.put(None)
+        thread.join()
+    if failures:
+        raise failures[0]
+
+
+def _pwrite_bounced(descriptor: int, views: Sequence[PieceBytes], offset: int) -> None:
     """Copy ``views`` one after the other into the bounce buffers while a helper thread
     writes the previous buffer (both release the GIL).
     """
@@ -289,7 +338,7 @@ def _pwrite_bounced(descriptor: int, views: Sequence[memoryview], offset: int) -
     try:
         filled, buffer, written = 0, free.get(), 0
         for view in views:
-            source = np.frombuffer(view, dtype=np.uint8)
+            source = np.frombuffer(_memory(view), dtype=np.uint8)
             taken = 0
             while taken < len(source) and not failures:
                 count = min(BOUNCE_BYTES - filled, len(source) - taken)

@@ -66,6 +66,7 @@ import numpy as np
 from .._checks import require_count
 from .._comm import await_everyone
 from .._hooks import point
+from ..buffers.gathered import PieceBytes
 from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
 from ..model.manifest import LeafRecord
@@ -174,6 +175,10 @@ class HDF5Backend(Backend, GroupLayout[HDF5Extent, HDF5Start]):
                 require_count(value, f"hdf5 backend: {name}", 1)
         self.alignment, self.alignment_threshold = alignment, alignment_threshold
         self.direct_io = bool(direct_io)
+
+    def writes_gathered(self, path: str) -> bool:
+        """True: every block's bytes go into its dataset's file range (:meth:`write`)."""
+        return True
 
     def layout(
         self, records: Sequence[LeafRecord], start: HDF5Start | None = None
@@ -477,7 +482,7 @@ def _offsets_from_rank_zero(
     return offsets
 
 
-def _pieces(blocks: Sequence[BlockData], offsets: Mapping[str, int | None]) -> list[tuple[int, memoryview]]:
+def _pieces(blocks: Sequence[BlockData], offsets: Mapping[str, int | None]) -> list[tuple[int, PieceBytes]]:
     """(file offset, bytes) of each contiguous run of ``blocks``, their datasets at ``offsets``."""
     return [
         piece

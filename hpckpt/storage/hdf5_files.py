@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..buffers.gathered import PieceBytes
 from ..checksum import bytes_checksum
 from ..model.manifest import Block, LeafRecord
 from .base import BlockData
@@ -371,7 +372,7 @@ def file_runs(
     return starts + offset[axis] * strides[axis], int(shape[axis] * strides[axis])
 
 
-def file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int, memoryview]]:
+def file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int, PieceBytes]]:
     """Where ``data``'s bytes go in the file, whose dataset storage starts at
     ``dataset_offset``: (file offset, bytes) of each contiguous run.
     """
@@ -379,9 +380,9 @@ def file_pieces(data: BlockData, dataset_offset: int | None) -> list[tuple[int, 
     if dataset_offset is None:
         raise OSError(f"dataset {dataset_path(record)} has no contiguous storage to write into")
     itemsize = record.itemsize
-    raw = data.array.reshape(-1).view(np.uint8).data
     if stored_layout(record, block) is HDF5Layout.CONCATENATED:
-        return [(dataset_offset + block_start(block) * itemsize, raw)]
+        return data.placed(dataset_offset + block_start(block) * itemsize)
+    raw = data.contents().reshape(-1).view(np.uint8).data
     starts, run = file_runs(record.whole_shape, block.offset, block.shape)
     run_bytes = run * itemsize
     return [

@@ -161,6 +161,10 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
         """False for a leaf that a ``lossy`` pattern names."""
         return not self.lossy or not any(fnmatchcase(path, pattern) for pattern in self.lossy)
 
+    def writes_gathered(self, path: str) -> bool:
+        """True where leaf ``path`` is stored as it is: no compression, no ``lossy`` pattern."""
+        return not self.compression and self.stores_exactly(path)
+
     def file_of(self, rank: int) -> str:
         """The file that holds ``rank``'s segment."""
         return f"data-{rank // self.ranks_per_file:05d}.bin"
@@ -317,10 +321,7 @@ class PosixBackend(Backend, GroupLayout[PosixExtent, PosixStart]):
                 by_file.setdefault(data.block.location["file"], []).append(data)
         for name, contents in by_file.items():
             path = directory / name
-            pieces = [
-                (data.block.location["offset"], data.array.reshape(-1).view(np.uint8).data)
-                for data in contents
-            ]
+            pieces = [piece for data in contents for piece in data.placed(data.block.location["offset"])]
             # the gaps between a rank's blocks are its own padding: a run may span them
             direct.write_pieces(path, pieces, self.direct_io, fill_gaps=True)
             if path.stat().st_size > ends.get(name, 0):  # a recycled file, longer than needed

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hpckpt.buffers.gathered import Gathered
 from hpckpt.buffers.host import ALIGNED_FROM, PAGE, AlignedPool, aligned_empty
 from hpckpt.storage import direct
 
@@ -245,3 +246,59 @@ def test_hdf5_lays_the_arrays_each_rank_writes_whole_one_after_the_other(tmp_pat
             gaps = [b - a for a, b in itertools.pairwise(offsets)]
             assert gaps == [rows * 8] * (MANY_DATASETS // 2 - 1), (rank, offsets)
         assert np.array_equal(h5["layer2/w"][()], np.full(rows, 2.0))
+
+
+def _gathered(nbytes: int, seed: int) -> tuple[Gathered, bytes]:
+    """A block gathered from arrays of 1-40,000 bytes (uint8, float64 and 2-D) into a
+    page-aligned buffer, unfilled; and the bytes it holds.
+    """
+    rng = np.random.default_rng(seed)
+    arrays: list[np.ndarray] = []
+    left = nbytes
+    while left:
+        size = min(left, int(rng.integers(1, 40_000)))
+        if size % 8 == 0 and size % 16 == 0:
+            arrays.append(rng.standard_normal(size // 8).reshape(2, -1))
+        else:
+            arrays.append(rng.integers(0, 256, size=size, dtype=np.uint8))
+        left -= size
+    block = Gathered.of(arrays, aligned_empty((nbytes,), np.uint8))
+    return block, b"".join(array.tobytes() for array in arrays)
+
+
+@pytest.mark.parametrize(("offset", "nbytes", "directly"), [
+    (0, 2 * direct.FILL_CHUNK + 5 * PAGE, 2 * direct.FILL_CHUNK + 5 * PAGE),  # in place, a chunk at a time
+    (PAGE, direct.DIRECT_MIN + 777, direct.DIRECT_MIN),  # an unaligned tail, buffered after
+    (333, direct.DIRECT_MIN + PAGE, direct.DIRECT_MIN + PAGE),  # memory and file out of step: bounced
+    (0, direct.DIRECT_MIN - 1, 0),  # small: buffered
+])
+def test_a_gathered_block_is_filled_as_it_is_written_and_lands_exactly(
+    place: Path, offset: int, nbytes: int, directly: int
+) -> None:
+    from hpckpt.checksum import bytes_checksum
+
+    block, expected = _gathered(nbytes, offset + nbytes)
+    assert block.filled_to == 0
+    before = _random(offset, 2)
+    path = place / "gathered.bin"
+    assert direct.write_pieces(path, [(0, before.data), (offset, block.bytes())]) == directly
+    assert path.read_bytes() == before.tobytes() + expected
+    assert block.filled_to == nbytes and block.buffer.tobytes() == expected
+    assert block.checksum() == bytes_checksum(expected)  # taken while filling, in order
+
+
+def test_a_gathered_block_fills_in_order_and_refuses_a_buffer_of_another_length() -> None:
+    from hpckpt.checksum import bytes_checksum
+
+    block, expected = _gathered(100_000, 3)
+    block.fill_to(12_345)
+    assert block.filled_to == 12_345 and block.buffer[:12_345].tobytes() == expected[:12_345]
+    block.fill_to(10)  # already filled: nothing happens
+    piece = block.bytes()[50_000:60_000]
+    assert len(piece) == 10_000 and piece.address == block.buffer.ctypes.data + 50_000
+    assert bytes(piece.view()) == expected[50_000:60_000] and block.filled_to == 60_000
+    assert block.checksum() == bytes_checksum(expected) and block.filled_to == 100_000
+    with pytest.raises(ValueError, match="a buffer of 9 bytes for parts of 10 bytes"):
+        Gathered.of([np.zeros(10, dtype=np.uint8)], np.zeros(9, dtype=np.uint8))
+    with pytest.raises(ValueError, match="without a step"):
+        block.bytes()[::2]

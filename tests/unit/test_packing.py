@@ -278,3 +278,36 @@ def test_checking_a_pack_finds_what_opening_it_finds_across_ranks():
     fine = [pack(block(0, member("x"), member("y")), block(1, member("x")))]
     check_pack(fine)
     assert [(r.path, [b.rank for b in r.blocks]) for r in open_pack(fine)] == [("x", [0, 1]), ("y", [0])]
+
+
+@pytest.mark.parametrize(("backend", "options", "gathered"), [
+    ("posix", {}, True), ("hdf5", {}, True), ("adios2", {}, False),
+    ("posix", {"compression": "blosc2"}, False),  # compressed: packed into its buffer first
+])
+def test_the_pack_is_filled_by_the_write_where_the_backend_writes_it_gathered(
+    tmp_path, backend, options, gathered
+):
+    import xxhash
+
+    from hpckpt.buffers.gathered import Gathered
+    from hpckpt.protocols.save.planning import stage
+    from hpckpt.storage import open_backend
+
+    saved = small_state(5)
+    staged = stage(saved, open_backend(backend, options), 0, 1, checksum_later=True)
+    assert isinstance(staged.arrays[PACK_PATH], Gathered) == gathered and len(staged.lent) == 1
+    assert PACK_PATH not in staged.deferred.blocks if gathered else PACK_PATH in staged.deferred.blocks
+    compared = stage(saved, open_backend(backend, options), 0, 1, checksum_later=False)
+    assert not isinstance(compared.arrays[PACK_PATH], Gathered)  # an incremental save checksums at planning
+    with hpckpt.Checkpointer(tmp_path / "run", comm=MPI.COMM_SELF, backend=backend,
+                             backend_options=options) as checkpointer:
+        checkpointer.save(1, saved)
+        target = zeros_like(saved)
+        assert checkpointer.restore(target) == 1
+    for path, array in arrays(saved).items():
+        assert arrays(target)[path].tobytes() == array.tobytes(), path
+    assert hpckpt.CheckpointReader(tmp_path / "run").verify(1) == []
+    (pack,) = [leaf for leaf in manifest_body(tmp_path / "run", 1)["leaves"] if leaf["path"] == PACK_PATH]
+    (block,) = pack["blocks"]  # its checksum is that of its members' bytes in order
+    packed = b"".join(arrays(saved)[member[0]].tobytes() for member in block["members"])
+    assert len(block["members"]) == 303 and block["checksum"] == xxhash.xxh3_64_hexdigest(packed)

@@ -64,7 +64,7 @@ def sync_step(
         point("save.sync")
         sizes = sync_files(temp, context.backend.written_files(files, comm.rank, comm.size))
         computed.append(later.result())
-        return sizes, {**staged.known_checksums(), **computed[0].blocks}
+        return sizes, {**staged.known_checksums(), **staged.gathered_checksums(), **computed[0].blocks}
 
     if not layout.sharded:
         synced = phases.run("sync", sync, gather_phase)  # to rank 0, which alone writes the manifest

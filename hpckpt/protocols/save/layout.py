@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 
 from ..._comm import scatter_phase
+from ...buffers.gathered import Gathered
 from ...checksum import ALGORITHM
 from ...errors import InvalidStateError
 from ...model.delta import Delta, compose, placeholder, plan_delta, to_write
@@ -34,7 +35,7 @@ from ...model.kinds import LeafKind
 from ...model.layout import AgreedLayout, fill_checksums, merge_plans
 from ...model.manifest import Block, LeafRecord, Manifest
 from ...model.plans import RankPlan
-from ...storage.base import BlockData
+from ...storage.base import BlockData, written_block
 from .context import SaveContext
 from .planning import StagedRank
 
@@ -144,7 +145,7 @@ class LayoutStrategy(Protocol):
 
 
 def blocks_of_rank(
-    records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray], rank: int
+    records: Sequence[LeafRecord], arrays: Mapping[str, np.ndarray | Gathered], rank: int
 ) -> list[BlockData]:
     """The blocks ``rank`` writes: its own distributed, local and replicated ones. Not collective.
 
@@ -155,7 +156,7 @@ def blocks_of_rank(
     for record in records:
         own = [block for block in record.blocks if block.rank == rank]
         if own:
-            blocks.append(BlockData(record, own[0], arrays[record.path]))
+            blocks.append(written_block(record, own[0], arrays[record.path]))
         elif record.kind == LeafKind.DISTRIBUTED:
             blocks.append(BlockData(record, *placeholder(record)))
     return blocks
@@ -172,7 +173,7 @@ class ReuseAgreedLayout:
     def lay_out(self, staged: StagedRank) -> Layout:
         """The part of the agreed layout of this rank, with this save's bytes. Not collective."""
         agreed, rank = self.agreed, self.context.comm.rank
-        blocks = [BlockData(record, block, staged.arrays[record.path]) for record, block in agreed.own]
+        blocks = [written_block(record, block, staged.arrays[record.path]) for record, block in agreed.own]
         outline = (WholeOutline(agreed.nbytes, staged.plan.values, agreed.records, agreed.records)
                    if rank == 0 else None)
         return Layout(agreed.records, blocks, LayoutPath.REUSED, self.sharded, outline=outline)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...buffers.bfloat16 import leaf_encoding
 from ...buffers.device import STAGER, HostCopy, is_device_array
+from ...buffers.gathered import Gathered
 from ...buffers.host import PACK_BUFFERS, aligned_empty, as_host_array, stored_as_is
 from ...checksum import block_checksum, pieces_checksum
 from ...model.boxes import Box
@@ -56,7 +57,7 @@ class Checksums:
 @dataclass
 class Deferred:
     """What a plan leaves for :func:`checksum_in_background` to checksum, by leaf path:
-    blocks stored exactly (and the pack), and every replicated leaf's row chunks.
+    blocks stored exactly (and the pack, unless gathered), and every replicated leaf's row chunks.
     """
 
     blocks: dict[str, np.ndarray] = field(default_factory=dict)
@@ -65,7 +66,8 @@ class Deferred:
 
 @dataclass
 class StagedRank:
-    """One rank's plan and the host arrays it writes, by leaf path.
+    """One rank's plan and the host arrays it writes, by leaf path (the pack gathered,
+    not yet filled, where the backend writes it so: :func:`plan_local`).
 
     ``deferred`` holds the arrays whose checksums the plan leaves for
     :func:`checksum_in_background`; ``chunks`` the row-chunk checksums computed at
@@ -74,7 +76,7 @@ class StagedRank:
     """
 
     plan: RankPlan
-    arrays: dict[str, np.ndarray]
+    arrays: dict[str, np.ndarray | Gathered]
     deferred: Deferred = field(default_factory=Deferred)
     chunks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     lent: list[np.ndarray] = field(default_factory=list)
@@ -86,9 +88,15 @@ class StagedRank:
         return {leaf.path: leaf.checksum for leaf in self.plan.leaves
                 if leaf.kind is not LeafKind.REPLICATED and leaf.checksum != LATER}
 
+    def gathered_checksums(self) -> dict[str, str]:
+        """The checksums of this rank's gathered blocks (its pack), taken as the write
+        filled them (what it left unfilled is filled here), by leaf path. After the write.
+        """
+        return {path: block.checksum() for path, block in self.arrays.items() if isinstance(block, Gathered)}
+
     def staged_bytes(self) -> int:
         """The bytes this rank staged."""
-        return sum(array.nbytes for array in self.arrays.values())
+        return sum(stored.nbytes for stored in self.arrays.values())
 
 
 def stage(state: Any, backend: Backend, rank: int, size: int, checksum_later: bool) -> StagedRank:
@@ -113,7 +121,7 @@ def plan_local(
     deferred: Deferred | None = None,
     lent: list[np.ndarray] | None = None,
     chunks: dict[str, tuple[str, ...]] | None = None,
-) -> tuple[RankPlan, dict[str, np.ndarray]]:
+) -> tuple[RankPlan, dict[str, np.ndarray | Gathered]]:
     """Flatten ``state`` and stage its arrays: this rank's plan and the arrays to store.
 
     Not collective. ``backend.encode(path, array)`` (compression) gives the bytes
@@ -124,7 +132,12 @@ def plan_local(
     (:func:`~hpckpt.model.plans.writer_chunk`), and every chunk is checksummed, for the
     ranks to agree that their copies are the same.
     Local leaves of at most :data:`~hpckpt.model.layout.PACK_LIMIT` bytes that the
-    backend stores exactly go into this rank's pack, one block with one checksum.
+    backend stores exactly go into this rank's pack, one block with one checksum. With
+    ``deferred``, for a backend that
+    :meth:`~hpckpt.storage.base.Backend.writes_gathered` the pack, the pack is
+    gathered (:class:`~hpckpt.buffers.gathered.Gathered`): its buffer is filled by the
+    write, beside the disk, and its checksum taken from the members; otherwise the
+    members are copied into its buffer here.
 
     Parameters
     ----------
@@ -140,7 +153,7 @@ def plan_local(
         Without ``deferred``, every replicated leaf's row-chunk checksums go here by path.
     """
     leaves: list[LeafPlan] = []
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray | Gathered] = {}
     values: dict[str, Any] = {}
     members: list[tuple[PlannedMember, np.ndarray]] = []
     lists: list[str] = []
@@ -204,7 +217,7 @@ def _plan_leaf(
     copy: HostCopy | None,
     backend: Backend | None,
     position: tuple[int, int],
-    out: tuple[dict[str, np.ndarray], Deferred | None, dict[str, tuple[str, ...]] | None],
+    out: tuple[dict[str, np.ndarray | Gathered], Deferred | None, dict[str, tuple[str, ...]] | None],
 ) -> LeafPlan:
     """The plan of one array leaf stored in a block of its own; its stored bytes go
     into ``out[0]``; into ``out[1]``, when given, the block and a replicated leaf's row
@@ -283,21 +296,27 @@ def _encoded(backend: Backend | None, path: str, array: np.ndarray) -> Encoded:
 def _pack(
     members: Sequence[tuple[PlannedMember, np.ndarray]],
     backend: Backend | None,
-    arrays: dict[str, np.ndarray],
+    arrays: dict[str, np.ndarray | Gathered],
     deferred: dict[str, np.ndarray] | None,
     lent: list[np.ndarray] | None,
 ) -> LeafPlan:
     """The plan of this rank's pack of ``members``; its stored bytes go into ``arrays``
     (and the block into ``deferred``, when given, to be checksummed later), its buffer
-    (from :data:`PACK_BUFFERS`) into ``lent`` when given.
+    (from :data:`PACK_BUFFERS`) into ``lent`` when given. With ``deferred``, a backend
+    that writes the pack gathered gets it so, unfilled (its checksum taken as it is
+    filled: :meth:`StagedRank.gathered_checksums`).
     """
     hosts = [host for _, host in members]
+    planned = [member for member, _ in members]
     nbytes = sum(host.nbytes for host in hosts)
     if lent is None:
         buffer = aligned_empty((nbytes,), np.uint8)
     else:
         buffer = PACK_BUFFERS.take(nbytes)
         lent.append(buffer)
+    if deferred is not None and backend is not None and backend.writes_gathered(PACK_PATH):
+        arrays[PACK_PATH] = Gathered.of(hosts, buffer[:nbytes])
+        return pack_plan(planned, nbytes, LATER, None, None)
     block = packed_bytes(hosts, buffer[:nbytes])
     encoded = _encoded(backend, PACK_PATH, block)
     arrays[PACK_PATH] = encoded.stored
@@ -305,7 +324,7 @@ def _pack(
     if deferred is not None:
         deferred[PACK_PATH] = block
     checksum = LATER if deferred is not None else block_checksum(block)
-    return pack_plan([member for member, _ in members], block.nbytes, checksum, stored_bytes, encoded.codec)
+    return pack_plan(planned, block.nbytes, checksum, stored_bytes, encoded.codec)
 
 
 CHECKSUM_NICENESS = 10
