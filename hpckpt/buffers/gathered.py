@@ -5,7 +5,7 @@ other. Copying 160 MiB of them into the pack's buffer took 30-40 ms on the test 
 before the write could start. A backend that writes blocks as (file offset, bytes)
 pieces takes the pack unfilled instead (:meth:`~hpckpt.storage.base.Backend.writes_gathered`):
 the direct writer fills it a chunk at a time and writes each filled chunk from the buffer
-while it fills the next (:mod:`hpckpt.storage.direct`), so the copy overlaps the disk.
+while it fills the next (``hpckpt.storage.direct``), so the copy overlaps the disk.
 Each chunk is checksummed as it is filled, while its bytes are fresh in the cache, instead
 of read again from the scattered parts by the checksum thread. Anything else that reads
 the buffer fills it first (:meth:`Gathered.filled`).
@@ -17,28 +17,26 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from ..checksum import running_checksum
 
 
-@dataclass(eq=False)
 class Gathered:
     """``buffer`` (``uint8``, as long as the parts) to hold ``parts`` (1-D ``uint8`` views of
-    C-contiguous arrays) one after the other, filled in order up to ``filled_to``. The
-    arrays must not change until the block is written and checksummed. Filled bytes are
-    checksummed as they are filled (:meth:`checksum`).
+    C-contiguous arrays) one after the other, filled in order up to ``filled_to`` bytes.
+    The arrays must not change until the block is written and checksummed. Filled bytes
+    are checksummed as they are filled (:meth:`checksum`). Made by :meth:`of`.
     """
 
-    parts: tuple[np.ndarray, ...]
-    buffer: np.ndarray
-    ends: np.ndarray = field(repr=False)  # each part's end in the block, a running total
-    filled_to: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _digest: xxhash.xxh3_64 = field(default_factory=running_checksum, repr=False)
+    def __init__(self, parts: tuple[np.ndarray, ...], buffer: np.ndarray, ends: np.ndarray) -> None:
+        self.parts, self.buffer = parts, buffer
+        self._ends = ends  # each part's end in the block, a running total
+        self.filled_to = 0
+        self._lock = threading.Lock()
+        self._digest = running_checksum()
 
     @classmethod
     def of(cls, arrays: Sequence[np.ndarray], buffer: np.ndarray) -> Gathered:
@@ -67,11 +65,11 @@ class Gathered:
             start, stop = self.filled_to, min(stop, self.nbytes)
             if stop <= start:
                 return
-            first = int(np.searchsorted(self.ends, start, side="right"))
-            last = int(np.searchsorted(self.ends, stop, side="left"))
+            first = int(np.searchsorted(self._ends, start, side="right"))
+            last = int(np.searchsorted(self._ends, stop, side="left"))
             parts = list(self.parts[first : last + 1])
-            parts[-1] = parts[-1][: stop - (int(self.ends[last]) - parts[-1].nbytes)]
-            parts[0] = parts[0][start - (int(self.ends[first]) - self.parts[first].nbytes) :]
+            parts[-1] = parts[-1][: stop - (int(self._ends[last]) - parts[-1].nbytes)]
+            parts[0] = parts[0][start - (int(self._ends[first]) - self.parts[first].nbytes) :]
             np.concatenate(parts, out=self.buffer[start:stop])
             self._digest.update(self.buffer[start:stop].data)
             self.filled_to = stop
@@ -86,8 +84,8 @@ class Gathered:
         return GatheredBytes(self, 0, self.nbytes)
 
     def checksum(self) -> str:
-        """The block's checksum (:func:`~hpckpt.checksum.block_checksum` of the filled
-        buffer), taken as it was filled; what is not filled yet is filled first.
+        """The block's checksum (``hpckpt.checksum.block_checksum`` of the filled buffer),
+        taken as it was filled; what is not filled yet is filled first.
         """
         self.filled()
         return self._digest.hexdigest()
