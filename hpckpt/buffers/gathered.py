@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checksum import running_checksum
+from ..model.plans import pack_parts
 
 
 class Gathered:
@@ -43,7 +44,7 @@ class Gathered:
         """The block of C-contiguous ``arrays``' bytes in order, to be filled into ``buffer``
         (``uint8``, exactly as long as their bytes). Nothing is copied yet.
         """
-        parts = tuple((array if array.ndim == 1 else array.reshape(-1)).view(np.uint8) for array in arrays)
+        parts = tuple(pack_parts(arrays))
         ends = np.cumsum([part.nbytes for part in parts], dtype=np.int64)
         nbytes = int(ends[-1]) if len(ends) else 0
         if buffer.nbytes != nbytes:

@@ -100,13 +100,19 @@ def pack_plan(
                     codec, members=tuple(members))
 
 
+def pack_parts(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The bytes of C-contiguous ``arrays`` as 1-D ``uint8`` views (no copy): a pack block's
+    parts, in order.
+    """
+    return [(array if array.ndim == 1 else array.reshape(-1)).view(np.uint8) for array in arrays]
+
+
 def packed_bytes(arrays: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
     """The bytes of C-contiguous ``arrays`` one after the other, a pack block, in ``out``
     (``uint8``, exactly as long as their bytes); returns ``out``.
     """
     if arrays:
-        np.concatenate([(array if array.ndim == 1 else array.reshape(-1)).view(np.uint8) for array in arrays],
-                       out=out)
+        np.concatenate(pack_parts(arrays), out=out)
     return out
 
 
