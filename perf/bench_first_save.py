@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import timed, write_arrays
+from common import paired_ratio, timed, write_arrays
 
 BACKENDS = ("hdf5", "posix", "adios2")
 WAYS = ("restored", "empty")
@@ -158,11 +158,6 @@ def with_ratios(results: dict) -> None:
             later = f"  (a later save {row['later_ratio']:.2f} x)" if "later_ratio" in row else ""
             print(f"  {backend:7s} {way:9s} {row['ratio']:5.2f} x its jobs' raw, "
                   f"{row['pooled_ratio']:5.2f} x every job's median ({raw:.3f} s)" + later, flush=True)
-
-
-def paired_ratio(raw_s: list[float], save_s: list[float]) -> float:
-    """The median over jobs of a job's raw seconds over its save's."""
-    return statistics.median(raw / save for raw, save in zip(raw_s, save_s, strict=True))
 
 
 def options(parser: argparse.ArgumentParser) -> None:

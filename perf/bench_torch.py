@@ -73,7 +73,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import hpckpt
 import hpckpt.torch
 
-from common import fresh_directory, fsync_tree, read_plain_bp5, write_plain_bp5
+from common import fresh_directory, fsync_tree, paired_ratio, read_plain_bp5, write_plain_bp5
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.jobs.torch_transformer import TinyTransformer
@@ -169,10 +169,14 @@ def slowest(comm: MPI.Comm, values: list[float]) -> list[float]:
 
 
 def ratios(seconds: dict[str, list[float]], baseline: str) -> dict[str, dict]:
-    """Each way's seconds, median and ratio of its median to ``baseline``'s (below 1 is faster)."""
+    """Each way's seconds, median and ratio of time to ``baseline``'s (below 1 is faster):
+    the median over the rounds of the way's seconds over the baseline's in the same round
+    (:func:`common.paired_ratio`); ``pooled_ratio``: the way's median over the baseline's.
+    """
     base = statistics.median(seconds[baseline])
     return {name: {"seconds": values, "median_s": statistics.median(values),
-                   "ratio": statistics.median(values) / base} for name, values in seconds.items()}
+                   "ratio": paired_ratio(values, seconds[baseline]),
+                   "pooled_ratio": statistics.median(values) / base} for name, values in seconds.items()}
 
 
 def phase_medians(comm: MPI.Comm, reports: list[dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -32,6 +32,15 @@ def timed(comm: MPI.Comm, action: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
+def paired_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median over rounds of a round's ``numerators`` entry over its ``denominators``
+    entry (two ways' seconds, measured in the same rounds or jobs): each pair shares the
+    machine's moment, which a ratio of the two medians does not when the disk's speed
+    drifts between rounds. Pure.
+    """
+    return statistics.median(top / bottom for top, bottom in zip(numerators, denominators, strict=True))
+
+
 def fresh_directory(comm: MPI.Comm, path: str) -> Path:
     """``path``, emptied and created by rank 0, ready on every rank. Collective."""
     root = Path(path)

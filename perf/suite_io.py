@@ -10,7 +10,8 @@ rank there). Every save is durable (fsync'd) before its time is taken, after two
 every restore starts cold
 (``posix_fadvise(DONTNEED)`` on the files read, after they were fsync'd). Each case
 interleaves its ways within a repetition and reports medians and ratios to a baseline
-measured in the same run:
+measured in the same run (a ratio is the median over the rounds of the ratio within a
+round, whose ways run one after the other: the disk's speed drifts from round to round):
 
 - ``save_new``: one ``--mib`` MiB float64 array per rank written into new files (every
   way's previous output is deleted, untimed, before each round; hpckpt keeps every step,
@@ -72,6 +73,7 @@ from hpckpt.buffers.host import PAGE, aligned_empty
 from common import (
     fresh_directory,
     memcpy_seconds,
+    paired_ratio,
     rank_rows,
     read_direct,
     timed,
@@ -131,7 +133,11 @@ def measure(
 
 def summary(seconds: dict[str, list[float]], nbytes: int, baseline: str | tuple[str, ...]) -> dict:
     """Medians, GB/s and the ratio of each way to ``baseline`` (bandwidth ratio: >1 is
-    faster); of several baselines, the fastest in this run (the best raw way)."""
+    faster): the median over the rounds of the baseline's seconds over the way's in the
+    same round (:func:`common.paired_ratio`; ``seconds`` holds every way's rounds in
+    order, as :func:`measure` gives them); of several baselines, the one with the lowest
+    median in this run (the best raw way). ``pooled_ratio``: the baseline's median over
+    the way's."""
     candidates = (baseline,) if isinstance(baseline, str) else baseline
     best = min(candidates, key=lambda name: statistics.median(seconds[name]))
     base = statistics.median(seconds[best])
@@ -139,7 +145,7 @@ def summary(seconds: dict[str, list[float]], nbytes: int, baseline: str | tuple[
     for name, values in seconds.items():
         median = statistics.median(values)
         rows[name] = {"seconds": values, "median_s": median, "gb_per_s": nbytes / median / 1e9,
-                      "ratio": base / median}
+                      "ratio": paired_ratio(seconds[best], values), "pooled_ratio": base / median}
     return {"baseline": best, "baselines": list(candidates), "bytes": nbytes, "ways": rows}
 
 
@@ -383,16 +389,15 @@ class SameBytes:
 def same_files_ratios(seconds: dict[str, list[float]]) -> dict[str, dict]:
     """For each backend, hpckpt's cold restores against the raw ``O_DIRECT`` read of the
     same bytes of its own step's files (``raw-direct NAME files``): that read's median
-    seconds, and the bandwidth ratios of the restore into page-aligned memory and into
-    NumPy's.
+    seconds, and the bandwidth ratios (:func:`common.paired_ratio`, round by round) of the
+    restore into page-aligned memory and into NumPy's.
     """
     ratios = {}
     for name in BACKENDS:
-        base = statistics.median(seconds[f"raw-direct {name} files"])
-        ratios[name] = {"baseline_s": base,
-                        "ratio": base / statistics.median(seconds[f"hpckpt-{name}"]),
-                        "numpy_memory_ratio":
-                            base / statistics.median(seconds[f"hpckpt-{name} numpy memory"])}
+        same = seconds[f"raw-direct {name} files"]
+        ratios[name] = {"baseline_s": statistics.median(same),
+                        "ratio": paired_ratio(same, seconds[f"hpckpt-{name}"]),
+                        "numpy_memory_ratio": paired_ratio(same, seconds[f"hpckpt-{name} numpy memory"])}
     return ratios
 
 

@@ -1,6 +1,7 @@
 """Failures on one rank reach every rank; mismatched trees and corrupt steps are named."""
 
 
+import h5py
 import numpy as np
 import pytest
 
@@ -95,6 +96,7 @@ def test_failure_of_rank_0s_hdf5_layout_fails_the_save_everywhere(world, mpi_tmp
         assert sorted(info.value.failures) == list(range(world.size))
         assert f"InjectedFault: injected fault at {where} on rank 0" in info.value.failures[0]
         assert all("rank 0 could not lay out" in info.value.failures[rank] for rank in range(1, world.size))
+        assert h5py.h5f.get_obj_count(h5py.h5f.OBJ_ALL, h5py.h5f.OBJ_FILE) == 0  # rank 0 closed it
         assert checkpointer.steps() == [1]
         checkpointer.save(3, state_of(3.0))
         restored = state_of(0.0)
