@@ -5,7 +5,9 @@ other. Copying 160 MiB of them into the pack's buffer took 30-40 ms on the test 
 before the write could start. A backend that writes blocks as (file offset, bytes)
 pieces takes the pack unfilled instead (:meth:`~hpckpt.storage.base.Backend.writes_gathered`):
 the direct writer fills it a chunk at a time and writes each filled chunk from the buffer
-while it fills the next (``hpckpt.storage.direct``), so the copy overlaps the disk.
+while it fills the next (``hpckpt.storage.direct``), so the copy overlaps the disk; the
+ADIOS2 backend fills each piece it puts while BP5 writes the one before
+(``hpckpt.storage.bp5_pieces``).
 Each chunk is checksummed as it is filled, while its bytes are fresh in the cache, instead
 of read again from the scattered parts by the checksum thread. Anything else that reads
 the buffer fills it first (:meth:`Gathered.filled`).

@@ -33,6 +33,7 @@ from .manifest_versions import (
     INCREMENTAL_VERSION,
     LISTS_VERSION,
     PACKED_VERSION,
+    PIECES_VERSION,
     READ_VERSIONS,
     SHARDED_VERSION,
     manifest_text,
@@ -46,6 +47,8 @@ from .records import (
     PACK_PATH,
     PACK_START,
     PACKED,
+    PIECE_ELEMENTS,
+    PIECES,
     RESERVED_KEY,
     STORED_BYTES,
     Block,
@@ -63,7 +66,8 @@ from .shards import SHARD_FORMAT_NAME, read_shards, shard_bounds, shard_entry, s
 
 __all__ = [
     "CHECKSUM_KEY", "CODEC", "ENCODINGS", "FORMAT_NAME", "INCREMENTAL_VERSION", "IN_STEP", "LEAF_KINDS",
-    "LISTS_VERSION", "PACKED", "PACKED_VERSION", "PACK_PATH", "PACK_START", "READ_VERSIONS", "RESERVED_KEY",
+    "LISTS_VERSION", "PACKED", "PACKED_VERSION", "PACK_PATH", "PACK_START", "PIECES", "PIECES_VERSION",
+    "PIECE_ELEMENTS", "READ_VERSIONS", "RESERVED_KEY",
     "SHARDED_VERSION", "SHARD_FORMAT_NAME", "STORABLE_DTYPE_KINDS", "STORED_BYTES", "Block", "LeafRecord",
     "Manifest", "Member", "Shard", "describe_encoding", "encoded_location", "member_starts", "safe_name",
     "shard_bounds", "shard_json", "stored_file",
@@ -132,12 +136,14 @@ class Manifest:
         """Serialise to JSON text (sorted keys, one manifest per file).
 
         Version 1 unless the step is incremental (2), packs small leaves (3), its tree
-        holds lists or named axes (4, with the keys ``lists`` and ``dims``) or its blocks
-        are in :attr:`shards` (5: the leaves list none), so older readers still read the
-        steps they can (``hpckpt.model.manifest_versions``).
+        holds lists or named axes (4, with the keys ``lists`` and ``dims``), its blocks
+        are in :attr:`shards` (5: the leaves list none) or one is stored in pieces (6),
+        so older readers still read the steps they can (``hpckpt.model.manifest_versions``).
         """
-        version = written_version(sharded=bool(self.shards), lists=bool(self.lists or self.dims),
-                                  packed=self.pack is not None, incremental=self.incremental)
+        pieces = any(PIECES in block.location for record in self.leaves for block in record.blocks)
+        version = written_version(pieces=pieces, sharded=bool(self.shards),
+                                  lists=bool(self.lists or self.dims), packed=self.pack is not None,
+                                  incremental=self.incremental)
         return manifest_text({field_.name: getattr(self, field_.name) for field_ in fields(self)}, version)
 
     def with_shard_blocks(

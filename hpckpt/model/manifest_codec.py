@@ -23,7 +23,17 @@ from .._checks import is_count
 from ..checksum import text_checksum
 from .boxes import Box
 from .kinds import LeafKind
-from .records import ENCODINGS, IN_STEP, PACKED, Block, LeafRecord, Member, numpy_dtype
+from .records import (
+    ENCODINGS,
+    IN_STEP,
+    PACKED,
+    PIECE_ELEMENTS,
+    PIECES,
+    Block,
+    LeafRecord,
+    Member,
+    numpy_dtype,
+)
 
 CHECKSUM_KEY = "manifest_checksum"  # the first key: xxh3_64 of the manifest's other text
 _CHECKSUM_PREFIX = re.compile(r'\{"' + CHECKSUM_KEY + r'":"([0-9a-f]{16})",')
@@ -183,7 +193,8 @@ def is_leaf_path(path: str) -> bool:
 
 def location_from(raw: Any, what: str, step: int) -> dict[str, Any]:
     """A record's or block's location from its JSON: its file and directory names inside
-    the step directory, its ``in_step`` an earlier step (ValueError if not).
+    the step directory, its ``in_step`` an earlier step, its ``pieces`` (at least 2) and
+    ``piece_elements`` (at least 1) given together (ValueError if not).
     """
     location = dict(raw)
     if not location:
@@ -193,6 +204,11 @@ def location_from(raw: Any, what: str, step: int) -> dict[str, Any]:
             safe_name(location[key], f"{what} {key}")
     if IN_STEP in location:
         location[IN_STEP] = optional_earlier_step(location[IN_STEP], f"{what} {IN_STEP}", step)
+    if PIECES in location or PIECE_ELEMENTS in location:
+        if not (checked_count(location.get(PIECES), f"{what} {PIECES}") >= 2
+                and checked_count(location.get(PIECE_ELEMENTS), f"{what} {PIECE_ELEMENTS}") >= 1):
+            raise ValueError(f"{what}: {PIECES} {location.get(PIECES)!r} and {PIECE_ELEMENTS} "
+                             f"{location.get(PIECE_ELEMENTS)!r}, not at least 2 pieces of at least 1 element")
     return location
 
 

@@ -16,6 +16,8 @@ version  what it adds
 4        the tree's ``lists`` (6bcfa4d, 2026-12-02), ``dims`` (39bf38d, 2026-12-02)
 5        ``shards``: the blocks in shard files (6f07eff, 2026-12-03); a shard's
          ``bounds`` (196c472) and ``in_steps`` (f2bfc2f) the same day
+6        a block stored as several pieces: its location's ``pieces`` and
+         ``piece_elements`` (adios2: a pack of more than 32 MiB, 2026-12-07)
 =======  ===========================================================================
 
 The first writers left out keys added later without a new version; they read as
@@ -51,11 +53,12 @@ from .records import Shard
 from .shards import read_shards, shard_entry
 
 FORMAT_NAME = "hpckpt-manifest"
+PIECES_VERSION = 6  # written when a block is stored as several pieces (its location's "pieces")
 SHARDED_VERSION = 5  # written when the blocks are in shards (the key "shards")
 LISTS_VERSION = 4  # written when the saved tree holds lists or named axes (the keys "lists", "dims")
 PACKED_VERSION = 3  # written when a step packs small leaves
 INCREMENTAL_VERSION = 2  # written when a step reuses blocks of another (incremental) without packs; else 1
-READ_VERSIONS = (1, 2, 3, 4, 5)
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 OPTIONAL_KEYS = ("lists", "dims", "shards", "in_steps")  # written only when not empty
 ABSENT: dict[str, Any] = {  # what a key an older writer left out means
     "metric": None,
@@ -73,10 +76,12 @@ KNOWN_KEYS = frozenset({  # every top-level key of every version: any other is d
 })
 
 
-def written_version(*, sharded: bool, lists: bool, packed: bool, incremental: bool) -> int:
-    """The version a step is written as: the lowest that holds its shards, lists or
-    named axes, pack, and blocks in other steps.
+def written_version(*, pieces: bool, sharded: bool, lists: bool, packed: bool, incremental: bool) -> int:
+    """The version a step is written as: the lowest that holds its blocks stored in
+    pieces, shards, lists or named axes, pack, and blocks in other steps.
     """
+    if pieces:
+        return PIECES_VERSION
     if sharded:
         return SHARDED_VERSION
     if lists:
@@ -157,8 +162,8 @@ def _read_shards(
     wanted: Callable[[Shard], bool] | None,
 ) -> tuple[Shard, ...]:
     """:func:`~hpckpt.model.shards.read_shards` of a manifest that names shards, which
-    only version 5 does (ValueError if not).
+    only versions from 5 on do (ValueError if not).
     """
-    if body["version"] != SHARDED_VERSION:
-        raise ValueError(f"shards in a manifest of version {body['version']}, not {SHARDED_VERSION}")
+    if body["version"] < SHARDED_VERSION:
+        raise ValueError(f"shards in a manifest of version {body['version']}, before {SHARDED_VERSION}")
     return read_shards(body, step, read_shard, wanted)

@@ -39,6 +39,10 @@ IN_STEP = "in_step"  # block location key: the earlier step whose files hold the
 CODEC = "codec"  # block location key: the codec the backend encoded the block's bytes with
 STORED_BYTES = "stored_bytes"  # block location key: the bytes the backend stores for the block (encoded)
 PACK_START = "pack_start"  # location key of a member's block (open_pack): its first byte in the pack block
+# Block location keys of a block its backend stores as several pieces (manifest version 6):
+# how many, and the elements of each but the last, which holds the rest.
+PIECES = "pieces"
+PIECE_ELEMENTS = "piece_elements"
 _PACK_KEYS = (IN_STEP, CODEC)  # what a member's block tells of its pack block's location
 
 ENCODINGS = {

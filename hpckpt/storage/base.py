@@ -224,7 +224,9 @@ class Backend(ABC):
         """Whether :meth:`write` takes leaf ``path``'s block gathered (a pack:
         :class:`~hpckpt.buffers.gathered.Gathered`, filled as it is written), where
         :meth:`encode` stores its bytes as they are and :meth:`write` places each block's
-        bytes with :meth:`BlockData.placed`. Pure. Default: False (filled before the write).
+        bytes with :meth:`BlockData.placed` or fills a gathered block's buffer itself,
+        in order, before it writes each part (``BlockData.gathered.fill_to``). Pure.
+        Default: False (filled before the write).
         """
         return False
 

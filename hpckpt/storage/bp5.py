@@ -7,7 +7,10 @@ Layout of ``data.bp`` (readable with plain ``adios2.FileReader``):
   shape), and of a replicated array each of ranks 0, 1, ... its row chunk;
 - a local leaf ``a/b`` is the local array variable ``a/b`` (no global shape); each
   rank's non-empty block is one ADIOS2 block, and the manifest gives its block id
-  (blocks are numbered in rank order, empty ones are not stored);
+  (blocks are numbered in rank order, empty ones are not stored); a rank's pack of more
+  than :data:`PACK_PIECE` bytes is stored as consecutive blocks of that many bytes (the
+  last holds the rest), its location's ``pieces`` and ``piece_elements`` say how, so
+  that each is filled while BP5 writes the one before (:meth:`ADIOS2Backend.write`);
 - a 0-d array is stored as a 1-element 1-D array; a dtype ADIOS2 has no type for
   (bool, float16, non-native byte order, ...) is stored as ``uint8`` with one more,
   last, axis of ``itemsize`` bytes, and the leaf's ``location`` says
@@ -45,7 +48,7 @@ import numpy as np
 
 from ..model.group_merge import running_totals
 from ..model.kinds import LeafKind
-from ..model.manifest import Block, LeafRecord
+from ..model.manifest import PACK_PATH, PIECE_ELEMENTS, PIECES, Block, LeafRecord
 from . import direct
 from .adios2_c import (
     CONTIGUOUS_READ,
@@ -59,7 +62,15 @@ from .adios2_c import (
     package_directory,
 )
 from .base import NO_ANNOTATIONS, Annotations, Backend, BlockData, Capabilities, GroupLayout, Landed
-from .bp5_pieces import PIECES_MIN, BlockPut, buffer_fills, goes_in_pieces, put_in_pieces, writes_in_pieces
+from .bp5_pieces import (
+    PIECES_MIN,
+    BlockPut,
+    buffer_fills,
+    goes_in_pieces,
+    put_filled_pieces,
+    put_in_pieces,
+    writes_in_pieces,
+)
 from .bp5_reads import Wanted, read_step
 
 if TYPE_CHECKING:
@@ -89,7 +100,10 @@ IN_PLACE_PARAMETERS = {"TruncateDataFiles": "false"}
 # non-blocking save's waiting took a core from the application's compute (60-160 ms of CPU
 # per save here). The pieces of a step written in pieces are waited for as before.
 QUIET_PARAMETERS = {"QuietWait": "true"}
-ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many of its blocks hold bytes
+# A rank's pack (its small Local leaves' bytes, gathered as they are written) of more than this
+# many bytes is stored in pieces of this many, each filled while BP5 writes the one before.
+PACK_PIECE = 32 << 20
+ADIOS2Extent: TypeAlias = dict[str, int]  # a group's: per Local leaf, how many ADIOS2 blocks hold its bytes
 ADIOS2Start: TypeAlias = dict[str, int]  # a group's: per Local leaf, its first block id
 _NATIVE_TYPES = {
     np.dtype(name)
@@ -145,6 +159,33 @@ def _most(comm: MPI.Comm, count: int) -> int:
     counts = np.array([count], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.MAX)
     return int(counts[0])
+
+
+def stored_pieces(record: LeafRecord, block: Block) -> int:
+    """How many ADIOS2 blocks hold the Local ``block`` of ``record``: a pack's block of more
+    than :data:`PACK_PIECE` bytes is stored in pieces of that many; any other whole. Pure.
+    """
+    if record.path != PACK_PATH or block.size <= PACK_PIECE:
+        return 1
+    return -(-block.size // PACK_PIECE)
+
+
+def _local_locations(record: LeafRecord, first_id: int) -> dict[int, dict[str, int]]:
+    """The location of each non-empty block of the Local ``record``, by rank: its ADIOS2
+    block id, from ``first_id`` on in rank order, and where it is stored in pieces, how
+    many and of how many elements (:func:`stored_pieces`). Pure.
+    """
+    locations = {}
+    next_id = first_id
+    for block in sorted(record.blocks, key=lambda b: b.rank):
+        if block.size:
+            pieces = stored_pieces(record, block)
+            location = {"block_id": next_id}
+            if pieces > 1:
+                location |= {PIECES: pieces, PIECE_ELEMENTS: PACK_PIECE}
+            locations[block.rank] = location
+            next_id += pieces
+    return locations
 
 
 def _selection(record: LeafRecord, block: Block) -> tuple[list[int], list[int], list[int]]:
@@ -258,8 +299,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         self, records: Sequence[LeafRecord], start: ADIOS2Start | None = None
     ) -> tuple[LeafRecord, ...]:
         """Variables are named by leaf path; local blocks get their ADIOS2 block id: their
-        index among the blocks holding bytes, in rank order (after the ``start`` of a
-        group's, per Local leaf).
+        index among the ADIOS2 blocks holding bytes, in rank order (after the ``start`` of
+        a group's, per Local leaf); a block stored in pieces (:func:`stored_pieces`) has
+        the ids from its own on, and its location says how many and of how many elements.
         """
         placed = []
         for record in records:
@@ -268,12 +310,10 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
                 location["encoding"] = "bytes"
             blocks = record.blocks
             if record.kind == LeafKind.LOCAL:
-                stored = [block for block in sorted(blocks, key=lambda b: b.rank) if block.size]
-                first_id = (start or {}).get(record.path, 0)
-                ids = {block.rank: index for index, block in enumerate(stored, start=first_id)}
+                locations = _local_locations(record, (start or {}).get(record.path, 0))
                 # Direct construction: dataclasses.replace costs 5 us a call, 10,000s per save.
                 blocks = tuple(
-                    Block(b.rank, b.offset, b.shape, b.checksum, {"block_id": ids[b.rank]}, b.members)
+                    Block(b.rank, b.offset, b.shape, b.checksum, locations[b.rank], b.members)
                     if b.size
                     else b
                     for b in blocks
@@ -285,9 +325,9 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         return tuple(placed)
 
     def group_extent(self, records: Sequence[LeafRecord], ranks: range) -> ADIOS2Extent:
-        """Per Local leaf, how many of the group's blocks hold bytes (each is an ADIOS2 block)."""
+        """Per Local leaf, how many ADIOS2 blocks hold the bytes of the group's blocks."""
         return {
-            record.path: sum(1 for block in record.blocks if block.size)
+            record.path: sum(stored_pieces(record, block) for block in record.blocks if block.size)
             for record in records
             if record.kind == LeafKind.LOCAL
         }
@@ -325,21 +365,29 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
         in_pieces = writes_in_pieces(parameters)
         whole: list[BlockPut] = []
         later: list[BlockPut] = []
+        pieced = [data for data in blocks if PIECES in data.block.location]  # filled as written
         for data in blocks:
-            if data.block.size:
+            if data.block.size and PIECES not in data.block.location:
                 record = data.record
                 stored = _stored_view(data.contents(), record.location.get("encoding") == "bytes")
                 put = BlockPut(record.path, str(record.kind), stored, *_selection(record, data.block))
                 (later if in_pieces and goes_in_pieces(put) else whole).append(put)
         fills = buffer_fills(later)
-        pieces = _most(comm, len(fills)) if in_pieces else 0
+        own_writes = sum(data.block.location[PIECES] for data in pieced) + len(fills)
+        writes = _most(comm, own_writes) if in_pieces else 0
         step = BP5Step(comm, root, self.engine, parameters)
         for put in whole:
             step.put(put.name, put.kind, put.array, put.shape, put.start, put.count)
-        if pieces:
-            put_in_pieces(step, fills, pieces)
+        for data in pieced:
+            put_filled_pieces(step, data, in_pieces)
+        if writes:
+            put_in_pieces(step, fills, writes - own_writes + len(fills))
         step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
+
+    def writes_gathered(self, path: str) -> bool:
+        """The pack is filled as BP5 writes it, a piece at a time (:func:`stored_pieces`)."""
+        return path == PACK_PATH
 
     def written_files(self, files: Sequence[str], rank: int, size: int) -> list[str]:
         """Every file of ``data.bp/``: which rank aggregates which subfile is ADIOS2's choice."""

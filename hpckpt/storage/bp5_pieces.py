@@ -17,6 +17,11 @@ the other buffer. Consecutive pieces share a buffer, each at a page boundary, so
 of a few MiB (a torch state's) go out several per write. ``PerformDataWrite`` is
 collective: every rank asks for as many writes as the rank with the most buffer fills
 (:func:`put_in_pieces`).
+
+A rank's pack is stored as blocks of a local variable, pieces of its page-aligned
+buffer (:func:`put_filled_pieces`): a helper thread gathers the next piece's bytes into
+the buffer while BP5 writes the one before from it, so that gathering 160 MiB of small
+arrays (30-40 ms) overlaps the disk instead of coming before the write.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..buffers.host import PAGE, AlignedPool
+from ..model.records import PIECE_ELEMENTS
 from .adios2_c import BP5Step, writes_now
+from .base import BlockData
 
 PIECE_BYTES = 64 << 20  # each of the two buffers (32 MiB measured 0.92 of a raw write, 64 MiB 1.01)
 # Smaller unaligned blocks are left to BP5's copy, which puts them at no page boundary in
@@ -150,6 +157,36 @@ def put_in_pieces(step: BP5Step, fills: Sequence[Sequence[Piece]], writes: int) 
             _BUFFERS.give_back(buffers)
     for _ in range(writes - len(fills)):  # as often as the rank with the most fills
         step.write_now()
+
+
+def put_filled_pieces(step: BP5Step, data: BlockData, writes: bool) -> None:
+    """Put the 1-D Local block ``data`` as the consecutive blocks its location gives
+    (``pieces`` of ``piece_elements`` elements, the last holding the rest) of its
+    variable, in order. With ``writes``, BP5 writes each piece at once (one
+    ``PerformDataWrite`` each, collective: the caller balances their count over the ranks)
+    while a helper thread fills the next piece of a gathered block; without, the block is
+    filled whole and BP5 writes the pieces when the step ends.
+    """
+    record, location = data.record, data.block.location
+    each, total = location[PIECE_ELEMENTS], data.block.size
+    bounds = [(start, min(start + each, total)) for start in range(0, total, each)]
+    gathered = data.gathered if writes else None  # else filled whole, here
+    array = (data.array if writes else data.contents()).reshape(-1)
+    itemsize = array.itemsize
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpckpt-bp5-fill") as filler:
+        if gathered is not None:
+            gathered.fill_to(bounds[0][1] * itemsize)
+        for index, (start, stop) in enumerate(bounds):
+            ahead = None
+            if gathered is not None and index + 1 < len(bounds):
+                ahead = filler.submit(gathered.fill_to, bounds[index + 1][1] * itemsize)
+            try:
+                step.put(record.path, str(record.kind), array[start:stop], [], [], [stop - start])
+                if writes:
+                    step.write_now()
+            finally:
+                if ahead is not None:
+                    ahead.result()
 
 
 def _fill(pieces: Sequence[Piece], buffer: np.ndarray) -> list[np.ndarray]:

@@ -52,6 +52,7 @@ import numpy as np
 
 from ..buffers.host import PAGE
 from ..model.kinds import LeafKind
+from ..model.records import PIECE_ELEMENTS, PIECES
 from .adios2_c import BP5File
 from .base import BlockData, Landed
 from .direct_read import DIRECT_PIECE, READ_BOUNCES, in_place_piece
@@ -143,7 +144,7 @@ def plan_slabs(
     local block for any part of it).
     """
     request, target, count = wanted.request, wanted.target, wanted.count
-    record, block = request.record, request.block
+    record = request.record
     name = record.location["variable"]
     try:
         variable = stored.variable(name)
@@ -153,13 +154,7 @@ def plan_slabs(
     if held != target.dtype.name:
         raise ValueError(f"{path}: variable {name!r}: it holds {held}, not {target.dtype.name}")
     if record.kind == LeafKind.LOCAL:
-        block_id = block.location["block_id"]
-        stored_count = stored.block_count(variable, block_id)
-        if stored_count != count:
-            raise KeyError(
-                f"{path}: block {block_id} of {record.path!r} has count {stored_count}, not {count}"
-            )
-        return [Slab(request, variable, target, None, count, block_id, request.array.nbytes, False)]
+        return _local_slabs(stored, path, wanted, variable)
     stored_shape = stored.shape(variable)
     if stored_shape != wanted.shape:
         raise KeyError(f"{path}: variable {record.path!r} has shape {stored_shape}, not {wanted.shape}")
@@ -176,6 +171,32 @@ def plan_slabs(
         slabs.append(Slab(request, variable, target[first:last], [wanted.start[0] + first] + wanted.start[1:],
                           [rows] + count[1:], None, last * row_bytes, bounced))
         first = last
+    return slabs
+
+
+def _local_slabs(stored: BP5File, path: Path, wanted: Wanted, variable: Any) -> list[Slab]:
+    """The slabs of the ``wanted`` Local block of ``stored``: its ADIOS2 block whole, or
+    each of the blocks that hold its pieces (its location's ``pieces``, consecutive
+    ids, ``piece_elements`` each but the last), after checking their counts.
+    """
+    request, target, count = wanted.request, wanted.target, wanted.count
+    location, name = request.block.location, request.record.path
+    first_id, pieces = location["block_id"], location.get(PIECES, 1)
+    each = location.get(PIECE_ELEMENTS, count[0])
+    if pieces > 1 and not (len(count) == 1 and (pieces - 1) * each < count[0] <= pieces * each):
+        raise KeyError(f"{path}: a block of {name!r} of count {count} is not {pieces} pieces "
+                       f"of {each} elements")
+    slabs = []
+    for index in range(pieces):
+        first = index * each
+        piece = [min(each, count[0] - first)] + count[1:] if pieces > 1 else count
+        stored_count = stored.block_count(variable, first_id + index)
+        if stored_count != piece:
+            raise KeyError(f"{path}: block {first_id + index} of {name!r} has count {stored_count}, "
+                           f"not {piece}")
+        memory = target[first : first + piece[0]] if pieces > 1 else target
+        end = request.array.nbytes if index == pieces - 1 else (first + piece[0]) * target.itemsize
+        slabs.append(Slab(request, variable, memory, None, piece, first_id + index, end, False))
     return slabs
 
 

@@ -9,7 +9,8 @@ step as incremental as the hpckpt allows. ``FEATURES`` (comma-separated, or ``-`
 what that hpckpt knows: ``incremental`` (``Checkpointer(incremental=k)``), ``packed``
 (small Local leaves from step 3 on), ``lists`` and ``dims`` (from step 4 on;
 step 5 then changes rank 0's block of ``field`` only, so its pack is reused), ``sharded``
-(``HPCKPT_MANIFEST_SHARD_RANKS=2``: every step sharded).
+(``HPCKPT_MANIFEST_SHARD_RANKS=2``: every step sharded), ``pieces`` (adios2: each rank's
+pack stored in pieces of 8 bytes, ``bp5.PACK_PIECE``).
 
 ``collect RUN_DIR STEP CASE`` (serial; the hpckpt of the commit the goldens protect)
 copies step ``STEP``'s manifest and shards into ``manifests/CASE``, with
@@ -69,6 +70,11 @@ def save(run_dir: str, backend: str, features: set[str]) -> None:
     from mpi4py import MPI
 
     import hpckpt
+
+    if "pieces" in features:
+        from hpckpt.storage import bp5
+
+        bp5.PACK_PIECE = 8
 
     comm = MPI.COMM_WORLD
     options: dict[str, Any] = {"backend": backend.split("-")[0], "keep": 10}

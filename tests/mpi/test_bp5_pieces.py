@@ -8,11 +8,14 @@ hpckpt and through ADIOS2's own reader, which must see the pieces as blocks of o
 global array.
 """
 
+import json
+
 import numpy as np
 import pytest
 
 import hpckpt
-from hpckpt.storage import bp5_pieces
+from hpckpt.model.records import PACK_PATH, PIECE_ELEMENTS, PIECES
+from hpckpt.storage import bp5, bp5_pieces
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -74,3 +77,48 @@ def unaligned_field_rows(world, rank: int) -> np.ndarray:
     rows = rows_of(world)
     start = sum(rows[:rank])
     return np.arange(rows[rank] * COLUMNS).reshape(-1, COLUMNS) * 2 + start * COLUMNS
+
+
+@pytest.fixture
+def small_pack_pieces(monkeypatch):
+    monkeypatch.setattr(bp5, "PACK_PIECE", 64 << 10)
+
+
+def packed_state(world, seed: float) -> dict:
+    """60 small Local leaves (packed), 8,000 bytes and 8 more per rank above 0 each."""
+    return {"p": {f"a{index:02d}": hpckpt.Local(np.arange(1000 + world.rank, dtype=np.float64) * seed + index)
+                  for index in range(60)}}
+
+
+def test_a_large_pack_is_stored_in_pieces_and_read_back_by_hpckpt_and_adios2(world, mpi_tmp_path,
+                                                                               small_pack_pieces):
+    """A rank's pack of more than PACK_PIECE bytes goes to BP5 as consecutive local blocks
+    of that many bytes, each written while the next is gathered; the manifest (version 6)
+    says how many; hpckpt restores and verifies them, and ADIOS2's own reader reads the
+    pack's bytes from those blocks."""
+    run_dir = mpi_tmp_path / "pack"
+    state = packed_state(world, 1.0)
+    with hpckpt.Checkpointer(run_dir, comm=world, backend="adios2") as checkpointer:
+        checkpointer.save(1, state)
+        restored = packed_state(world, 0.0)
+        assert checkpointer.restore(restored) == 1
+    assert all(restored["p"][name].array.tobytes() == leaf.array.tobytes()
+               for name, leaf in state["p"].items())
+    packs = world.gather(b"".join(leaf.array.tobytes() for leaf in state["p"].values()))
+    if world.rank == 0:
+        import adios2
+
+        manifest = json.loads((run_dir / "step-00000001" / "manifest.json").read_text())
+        (pack,) = [leaf for leaf in manifest["leaves"] if leaf["path"] == PACK_PATH]
+        first = 0
+        for block, packed in zip(sorted(pack["blocks"], key=lambda block: block["rank"]), packs, strict=True):
+            pieces = -(-len(packed) // (64 << 10))  # 480,000 bytes and more: 8 pieces
+            assert pieces == 8 and block["location"] == {"block_id": first, PIECES: pieces,
+                                                         PIECE_ELEMENTS: 64 << 10}
+            with adios2.FileReader(str(run_dir / "step-00000001" / "data.bp")) as reader:
+                stored = [reader.read(PACK_PATH, block_id=first + index) for index in range(pieces)]
+            assert [len(piece) for piece in stored] == [64 << 10] * 7 + [len(packed) - 7 * (64 << 10)]
+            assert b"".join(piece.tobytes() for piece in stored) == packed
+            first += pieces
+        assert manifest["version"] == 6
+        assert hpckpt.CheckpointReader(run_dir).verify(1) == []  # every rank's pieces, checksummed

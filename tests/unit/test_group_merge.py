@@ -18,8 +18,8 @@ from hpckpt.model.layout import (
     merge_plans,
     pack_plan,
 )
-from hpckpt.model.manifest import PACK_PATH, Manifest
-from hpckpt.storage.bp5 import ADIOS2Backend
+from hpckpt.model.manifest import PACK_PATH, PIECE_ELEMENTS, PIECES, Manifest
+from hpckpt.storage.bp5 import PACK_PIECE, ADIOS2Backend, stored_pieces
 from hpckpt.storage.hdf5 import HDF5Backend
 from hpckpt.storage.posix import PosixBackend
 
@@ -81,6 +81,30 @@ def test_groups_give_the_records_bytes_and_layout_of_a_whole_merge():
             assert backend.parts(placed, group) == expected[group.start : group.stop], (backend.name, group)
         headers = backend.layout(verdict.headers, starts[0])  # rank 0's, laid out in groups
         assert headers == tuple(replace(record, blocks=()) for record in laid_out), backend.name
+
+
+def test_adios2_stores_a_large_pack_in_pieces_with_the_block_ids_of_a_whole_layout():
+    """A pack of more than PACK_PIECE bytes is that many ADIOS2 blocks, numbered on from its
+    first; later blocks' ids move on by as many, laid out whole or in groups alike."""
+    sizes = [2 * PACK_PIECE + 1, PACK_PIECE, 16, 16, PACK_PIECE + 1, 16, 16, 16, 3 * PACK_PIECE, 16]
+    plans = [RankPlan((pack_plan([("small", "|u1", (size,), None)], size, f"k{rank}", None, None),), {})
+             for rank, size in enumerate(sizes)]
+    whole, _ = merge_plans(plans)
+    backend = ADIOS2Backend()
+    (pack,) = backend.layout(whole)
+    assert [block.location for block in pack.blocks] == [
+        {"block_id": 0, PIECES: 3, PIECE_ELEMENTS: PACK_PIECE}, {"block_id": 3}, {"block_id": 4},
+        {"block_id": 5}, {"block_id": 6, PIECES: 2, PIECE_ELEMENTS: PACK_PIECE}, {"block_id": 8},
+        {"block_id": 9}, {"block_id": 10}, {"block_id": 11, PIECES: 3, PIECE_ELEMENTS: PACK_PIECE},
+        {"block_id": 14},
+    ]
+    assert [stored_pieces(pack, block) for block in pack.blocks] == [3, 1, 1, 1, 2, 1, 1, 1, 3, 1]
+    pieces, verdict = merged_in_groups(plans)
+    extents = [backend.group_extent(records, group) for (records, _), group in zip(pieces, GROUPS)]
+    assert extents == [{PACK_PATH: 6}, {PACK_PATH: 5}, {PACK_PATH: 4}]
+    starts = backend.group_starts(extents, verdict.headers)
+    placed = [backend.layout(records, start) for (records, _), start in zip(pieces, starts)]
+    assert [block for (record,) in placed for block in record.blocks] == list(pack.blocks)
 
 
 def changed(plan: RankPlan) -> RankPlan:

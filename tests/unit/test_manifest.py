@@ -11,8 +11,9 @@ from hpckpt.checksum import text_checksum
 from hpckpt.model.delta import home_step, referenced_steps
 from hpckpt.model.kinds import LeafKind
 from hpckpt.model.manifest import CHECKSUM_KEY, LEAF_KINDS, Block, LeafRecord, Manifest, Shard, shard_json
+from hpckpt.model.manifest_codec import location_from
 from hpckpt.model.manifest_versions import ABSENT, KNOWN_KEYS, OPTIONAL_KEYS
-from hpckpt.model.records import encoded_location
+from hpckpt.model.records import PIECE_ELEMENTS, PIECES, encoded_location
 from hpckpt.storage.names import shard_name
 
 
@@ -115,13 +116,29 @@ def test_the_location_keys_every_backend_shares_are_typed_fields_of_a_block():
 
 
 @pytest.mark.parametrize(
+    ("location", "message"),
+    [
+        ({PIECES: 1, PIECE_ELEMENTS: 64}, "pieces 1 and piece_elements 64, not at least 2 pieces"),
+        ({PIECES: 3}, "block location piece_elements is None, not an integer >= 0"),
+        ({PIECES: 3, PIECE_ELEMENTS: 0}, "pieces 3 and piece_elements 0, not at least 2 pieces"),
+        ({PIECE_ELEMENTS: 8}, "block location pieces is None, not an integer >= 0"),
+        ({PIECES: "3", PIECE_ELEMENTS: 8}, "block location pieces is '3', not an integer >= 0"),
+    ],
+)
+def test_a_block_stored_in_pieces_names_at_least_two_of_at_least_one_element(location, message):
+    assert location_from({"block_id": 0, PIECES: 2, PIECE_ELEMENTS: 8}, "block location", 1)[PIECES] == 2
+    with pytest.raises(ValueError, match=re.escape(message)):
+        location_from({"block_id": 0, **location}, "block location", 1)
+
+
+@pytest.mark.parametrize(
     ("text", "message"),
     [
         ("{", "m.json: not a valid hpckpt manifest: Expecting property name"),
         ('{"format": "other"}', "format is 'other', expected 'hpckpt-manifest'"),
         (
             '{"format": "hpckpt-manifest", "version": 99}',
-            "version 99; this hpckpt reads versions (1, 2, 3, 4, 5)",
+            "version 99; this hpckpt reads versions (1, 2, 3, 4, 5, 6)",
         ),
         ('{"format": "hpckpt-manifest", "version": 1}', "m.json: not a valid hpckpt manifest: 'step'"),
     ],
@@ -385,7 +402,7 @@ def test_shards_must_hold_every_rank_and_blocks_only_there():
             lambda body: body["leaves"][0]["blocks"].append({}),
             "leaf 'field' lists blocks, but a sharded manifest",
         ),
-        (lambda body: body.update(version=4), "shards in a manifest of version 4, not 5"),
+        (lambda body: body.update(version=4), "shards in a manifest of version 4, before 5"),
     ]:
         body = json.loads(json.dumps(top))
         change(body)

@@ -3,7 +3,8 @@
 ``tests/golden/manifests`` holds one directory per case: the ``manifest.json`` and
 shards of a real step (posix, hdf5 and adios2; full, incremental with reused blocks,
 packed small leaves, lists and named axes, sharded, a compressed and lossy posix step),
-written by the hpckpt of commit 051fb81, and steps written by older hpckpt (``old-<commit>-*``:
+written by the hpckpt of commit 051fb81 (``adios2-v6-pieces``, a pack stored in pieces, by
+the first hpckpt to write version 6), and steps written by older hpckpt (``old-<commit>-*``:
 every manifest version from 1 on, indented, without their own checksum, shards without
 bounds). ``tests/golden/README.md`` says how ``tests/golden/make_manifests.py`` made
 them. With each case, made by 051fb81's codec: ``tree_leaves.json``, the leaves it
@@ -55,7 +56,7 @@ def encoded(manifest: Manifest) -> dict[str, str]:
 def test_the_golden_cases_cover_every_version_and_backend():
     versions = {json.loads(written(case)["manifest.json"])["version"] for case in CASES}
     backends = {decoded(case).backend for case in CASES}
-    assert versions == {1, 2, 3, 4, 5} and backends == {"posix", "hdf5", "adios2"}
+    assert versions == {1, 2, 3, 4, 5, 6} and backends == {"posix", "hdf5", "adios2"}
     assert any((GOLDEN / case / "reencoded").is_dir() for case in CASES)  # older writers' bytes
 
 

@@ -281,7 +281,7 @@ def test_checking_a_pack_finds_what_opening_it_finds_across_ranks():
 
 
 @pytest.mark.parametrize(("backend", "options", "gathered"), [
-    ("posix", {}, True), ("hdf5", {}, True), ("adios2", {}, False),
+    ("posix", {}, True), ("hdf5", {}, True), ("adios2", {}, True),
     ("posix", {"compression": "blosc2"}, False),  # compressed: packed into its buffer first
 ])
 def test_the_pack_is_filled_by_the_write_where_the_backend_writes_it_gathered(
