@@ -14,6 +14,7 @@ site's Slurm (if any) is never touched. The node declares more CPUs than the mac
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,9 +48,20 @@ def unavailable() -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port of 127.0.0.1 free now, below the kernel's ephemeral range: a port that
+    ``bind(0)`` hands out can be taken by any client connection (MPI, MooseFS) before the
+    daemon binds it, and a lab slurmd once failed to bind its port so ("Address already
+    in use") and then refused the job's launch.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(max(1024, low - 12288), low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port of 127.0.0.1 in the 200 tried below {low}")
 
 
 class SlurmCluster:
