@@ -113,6 +113,17 @@ def encoded_location(stored_bytes: int | None, codec: str | None) -> dict[str, A
     return {} if stored_bytes is None else {STORED_BYTES: stored_bytes, CODEC: codec}
 
 
+def piece_bounds(location: Mapping[str, Any], elements: int) -> list[tuple[int, int]]:
+    """The ``(first, stop)`` elements (along the first axis) of each piece a block of
+    ``elements`` is stored as, by its ``location``: pieces of ``piece_elements``, the last
+    holding the rest; one piece, the whole block, without them. Pure.
+    """
+    each = location.get(PIECE_ELEMENTS) if PIECES in location else None
+    if not each:
+        return [(0, elements)]
+    return [(first, min(first + each, elements)) for first in range(0, elements, each)]
+
+
 @dataclass(frozen=True)
 class Block:
     """One rank's block of a leaf: its box (``offset`` is empty for local leaves).

@@ -373,15 +373,15 @@ class ADIOS2Backend(Backend, GroupLayout[ADIOS2Extent, ADIOS2Start]):
                 put = BlockPut(record.path, str(record.kind), stored, *_selection(record, data.block))
                 (later if in_pieces and goes_in_pieces(put) else whole).append(put)
         fills = buffer_fills(later)
-        own_writes = sum(data.block.location[PIECES] for data in pieced) + len(fills)
-        writes = _most(comm, own_writes) if in_pieces else 0
+        piece_writes = sum(data.block.location[PIECES] for data in pieced)  # one per piece
+        writes = _most(comm, piece_writes + len(fills)) if in_pieces else 0
         step = BP5Step(comm, root, self.engine, parameters)
         for put in whole:
             step.put(put.name, put.kind, put.array, put.shape, put.start, put.count)
         for data in pieced:
             put_filled_pieces(step, data, in_pieces)
         if writes:
-            put_in_pieces(step, fills, writes - own_writes + len(fills))
+            put_in_pieces(step, fills, writes - piece_writes)
         step.close()
         return [DIRECTORY_NAME] + sorted(f"{DIRECTORY_NAME}/{name}" for name in os.listdir(root))
 

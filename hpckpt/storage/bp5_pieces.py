@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..buffers.host import PAGE, AlignedPool
-from ..model.records import PIECE_ELEMENTS
+from ..model.records import piece_bounds
 from .adios2_c import BP5Step, writes_now
 from .base import BlockData
 
@@ -167,9 +167,8 @@ def put_filled_pieces(step: BP5Step, data: BlockData, writes: bool) -> None:
     while a helper thread fills the next piece of a gathered block; without, the block is
     filled whole and BP5 writes the pieces when the step ends.
     """
-    record, location = data.record, data.block.location
-    each, total = location[PIECE_ELEMENTS], data.block.size
-    bounds = [(start, min(start + each, total)) for start in range(0, total, each)]
+    record = data.record
+    bounds = piece_bounds(data.block.location, data.block.size)
     gathered = data.gathered if writes else None  # else filled whole, here
     array = (data.array if writes else data.contents()).reshape(-1)
     itemsize = array.itemsize

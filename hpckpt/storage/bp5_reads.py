@@ -52,7 +52,7 @@ import numpy as np
 
 from ..buffers.host import PAGE
 from ..model.kinds import LeafKind
-from ..model.records import PIECE_ELEMENTS, PIECES
+from ..model.records import PIECE_ELEMENTS, PIECES, piece_bounds
 from .adios2_c import BP5File
 from .base import BlockData, Landed
 from .direct_read import DIRECT_PIECE, READ_BOUNCES, in_place_piece
@@ -176,27 +176,25 @@ def plan_slabs(
 
 def _local_slabs(stored: BP5File, path: Path, wanted: Wanted, variable: Any) -> list[Slab]:
     """The slabs of the ``wanted`` Local block of ``stored``: its ADIOS2 block whole, or
-    each of the blocks that hold its pieces (its location's ``pieces``, consecutive
-    ids, ``piece_elements`` each but the last), after checking their counts.
+    each of the blocks that hold its pieces (its location's ``pieces``, consecutive ids,
+    :func:`~hpckpt.model.records.piece_bounds`), after checking their counts.
     """
     request, target, count = wanted.request, wanted.target, wanted.count
     location, name = request.block.location, request.record.path
     first_id, pieces = location["block_id"], location.get(PIECES, 1)
-    each = location.get(PIECE_ELEMENTS, count[0])
-    if pieces > 1 and not (len(count) == 1 and (pieces - 1) * each < count[0] <= pieces * each):
+    bounds = piece_bounds(location, count[0])
+    if len(bounds) != pieces or (pieces > 1 and len(count) != 1):
         raise KeyError(f"{path}: a block of {name!r} of count {count} is not {pieces} pieces "
-                       f"of {each} elements")
+                       f"of {location.get(PIECE_ELEMENTS)} elements")
     slabs = []
-    for index in range(pieces):
-        first = index * each
-        piece = [min(each, count[0] - first)] + count[1:] if pieces > 1 else count
+    for index, (first, stop) in enumerate(bounds):
+        piece = [stop - first] + count[1:]
         stored_count = stored.block_count(variable, first_id + index)
         if stored_count != piece:
             raise KeyError(f"{path}: block {first_id + index} of {name!r} has count {stored_count}, "
                            f"not {piece}")
-        memory = target[first : first + piece[0]] if pieces > 1 else target
-        end = request.array.nbytes if index == pieces - 1 else (first + piece[0]) * target.itemsize
-        slabs.append(Slab(request, variable, memory, None, piece, first_id + index, end, False))
+        slabs.append(Slab(request, variable, target[first:stop], None, piece, first_id + index,
+                          target[:stop].nbytes, False))
     return slabs
 
 

@@ -13,7 +13,7 @@ from hpckpt.model.kinds import LeafKind
 from hpckpt.model.manifest import CHECKSUM_KEY, LEAF_KINDS, Block, LeafRecord, Manifest, Shard, shard_json
 from hpckpt.model.manifest_codec import location_from
 from hpckpt.model.manifest_versions import ABSENT, KNOWN_KEYS, OPTIONAL_KEYS
-from hpckpt.model.records import PIECE_ELEMENTS, PIECES, encoded_location
+from hpckpt.model.records import PIECE_ELEMENTS, PIECES, encoded_location, piece_bounds
 from hpckpt.storage.names import shard_name
 
 
@@ -113,6 +113,12 @@ def test_the_location_keys_every_backend_shares_are_typed_fields_of_a_block():
     assert (reused.in_step, reused.codec, home_step(reused, 7), home_step(block, 7)) == (3, "blosc2", 3, 7)
     assert block.location == {"file": "data-00000.bin", "offset": 64, "stored_bytes": 40, "codec": "blosc2"}
     assert encoded_location(None, None) == {} and Block(0, (), (5,), "01").codec is None
+
+
+def test_the_pieces_of_a_block_are_its_location_s_piece_elements_the_last_holding_the_rest():
+    assert piece_bounds({"block_id": 3, PIECES: 3, PIECE_ELEMENTS: 4}, 10) == [(0, 4), (4, 8), (8, 10)]
+    assert piece_bounds({"block_id": 3, PIECES: 2, PIECE_ELEMENTS: 5}, 10) == [(0, 5), (5, 10)]
+    assert piece_bounds({"block_id": 3}, 10) == [(0, 10)]  # stored whole
 
 
 @pytest.mark.parametrize(
