@@ -24,8 +24,9 @@ round, whose ways run one after the other: the disk's speed drifts from round to
 - ``save_in_place``: the same array saved over the files of an earlier save (hpckpt with
   ``keep=1``, which recycles the deleted step's files), against the faster of the two
   raw writes over the previous file without truncating it, and a memcpy;
-- ``restore``: the same state read back into page-aligned memory, against the faster
-  of two raw cold reads of the raw write's file into it (one buffered ``read``, and
+- ``restore``: the same state read back into page-aligned memory from a step each
+  backend saved into new files just before the rounds (as the raw file was written),
+  against the faster of two raw cold reads of the raw write's file into it (one buffered ``read``, and
   ``O_DIRECT`` ``preadv``), with plain h5py (collective), plain ADIOS2 (its Python
   reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's
   restores into an array from ``numpy.empty`` (not page-aligned: its direct reads go
@@ -303,6 +304,11 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     write_plain_adios2(comm, root / "plain.bp", block, DEFAULT_PARAMETERS)
     if dcp is not None:
         dcp.save()
+    # hpckpt reads steps written as the raw file was: into new files, just before the rounds
+    readers = {name: hpckpt.Checkpointer(root / f"read-{name}", comm=comm, keep=1, backend=name)
+               for name in BACKENDS}
+    for checkpointer in readers.values():
+        checkpointer.save(next(steps), state)
     reads: dict[str, Callable[[], object]] = {
         "raw": raw_read, "raw-direct": raw_direct_read, "h5py": plain_h5py_read, "adios2": plain_adios2_read
     }
@@ -310,15 +316,15 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
                "adios2": root / "plain.bp"}
     if dcp is not None:
         reads["torch-dcp"], sources["torch-dcp"] = dcp.load, root / "dcp"
-    for name, checkpointer in checkpointers.items():
+    for name, checkpointer in readers.items():
         reads[f"hpckpt-{name}"] = lambda checkpointer=checkpointer: checkpointer.restore(target_state)
-        sources[f"hpckpt-{name}"] = root / name
+        sources[f"hpckpt-{name}"] = checkpointer.run_dir.root
     for name in BACKENDS:  # into memory 16 bytes past a page: read through bounce buffers
         way = f"hpckpt-{name} numpy memory"
-        reads[way] = lambda checkpointer=checkpointers[name]: checkpointer.restore(numpy_state)
-        sources[way] = root / name
+        reads[way] = lambda checkpointer=readers[name]: checkpointer.restore(numpy_state)
+        sources[way] = readers[name].run_dir.root
     for name in BACKENDS:
-        same = stored_block(comm, checkpointers[name], block)
+        same = stored_block(comm, readers[name], block)
         reads[f"raw-direct {name} files"] = lambda same=same: same.read(target)
         sources[f"raw-direct {name} files"] = same.path
     seconds = measure(comm, reads, restore_rounds(repeat), lambda way: drop_cache(sources[way]))
@@ -326,7 +332,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     results["restore"]["same_files"] = same_files_ratios(seconds)
     if not (np.array_equal(target, block) and np.array_equal(numpy_target, block)):
         raise AssertionError("the last restore did not give back the saved array")
-    for checkpointer in checkpointers.values():
+    for checkpointer in [*checkpointers.values(), *readers.values()]:
         checkpointer.close()
     if dcp is not None:
         dcp.close()
