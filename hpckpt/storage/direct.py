@@ -25,7 +25,7 @@ Rules that keep the two kinds of write apart:
   while the next is filled (2 ranks of 160 MiB packs: 0.158 s against 0.187 s filled
   first, 32 MiB chunks); the rest of a run is copied into two page-aligned bounce
   buffers, one filled while the other is written. A state of many tensors of a few MiB
-  (a torch model) thus goes out in 16 MiB direct writes instead of one write per
+  (a torch model) thus goes out in long direct writes instead of one write per
   tensor: 182 MiB per rank of a transformer's 588 tensors into a new file took
   0.37-0.69 s written tensor by tensor and 0.29 s in 16 MiB chunks (2 ranks);
 - a file system that refuses direct I/O (``EINVAL``: tmpfs before Linux 6.6, some FUSE
@@ -54,7 +54,11 @@ from ..buffers.host import PAGE, AlignedPool
 ALIGNMENT = PAGE  # file offsets, lengths and memory of direct writes (>= the 512 bytes of most disks)
 DIRECT_MIN = 4 << 20  # smaller runs are written through the page cache
 MAX_GAP = 64 << 10  # bytes of padding a run spans with fill_gaps
-BOUNCE_BYTES = 16 << 20  # each of the two bounce buffers
+# Each of the two bounce buffers. A 512 MiB NumPy array per rank (2 ranks) into new files,
+# against a raw O_DIRECT write: 32 MiB gave 1.007-1.116 (posix) and 0.937-1.028 (hdf5)
+# where 16 MiB gave 0.983-1.056 and 0.917-0.986 (three runs of 10-12 rounds, paired);
+# over earlier files 1.014 and 0.995 against 1.007 and 0.978; 64 MiB no better.
+BOUNCE_BYTES = 32 << 20
 FILL_CHUNK = 32 << 20  # a gathered block's bytes filled, then written, at a time
 _MAX_IO = 1 << 30  # bytes per system call; Linux caps one call at just under 2 GiB
 _MAX_VIEWS = 1024  # buffers per pwritev call (IOV_MAX on Linux)
