@@ -26,9 +26,9 @@ round, whose ways run one after the other: the disk's speed drifts from round to
   raw writes over the previous file without truncating it, and a memcpy;
 - ``restore``: the same state read back into page-aligned memory from a step each
   backend saved into new files just before the rounds (as the raw file was written),
-  against the faster of two raw cold reads of the raw write's file into it (one buffered ``read``, and
-  ``O_DIRECT`` ``preadv``), with plain h5py (collective), plain ADIOS2 (its Python
-  reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's
+  against the faster of two raw cold reads of the raw write's file into it (one
+  buffered ``read``, and ``O_DIRECT`` ``preadv``), with plain h5py (collective), plain
+  ADIOS2 (its Python reader, one box per rank) and ``torch.distributed.checkpoint``; and hpckpt's
   restores into an array from ``numpy.empty`` (not page-aligned: its direct reads go
   through bounce buffers). Each backend's restore is also taken against a raw
   ``O_DIRECT`` read of the same bytes in its own step's files (``same_files``: what
@@ -268,7 +268,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
                 if way.startswith("hpckpt-"):
                     row["x_torch_dcp"] = torch_s / row["median_s"]
     phases = {name: checkpointer.last_save.seconds for name, checkpointer in checkpointers.items()}
-    for checkpointer in growing.values():
+    for checkpointer in [*growing.values(), *checkpointers.values()]:
         checkpointer.close()
 
     # Page-aligned, as a direct read needs it: every way reads into it; hpckpt also into NumPy's memory.
@@ -332,7 +332,7 @@ def save_and_restore(comm: MPI.Comm, root: Path, mib: int, repeat: int, results:
     results["restore"]["same_files"] = same_files_ratios(seconds)
     if not (np.array_equal(target, block) and np.array_equal(numpy_target, block)):
         raise AssertionError("the last restore did not give back the saved array")
-    for checkpointer in [*checkpointers.values(), *readers.values()]:
+    for checkpointer in readers.values():
         checkpointer.close()
     if dcp is not None:
         dcp.close()
